@@ -1,0 +1,37 @@
+# The two commands of the README are `make demo` and `make test`; both bootstrap themselves.
+VENV ?= $(or $(CODECLOG_VENV),$(HOME)/.cache/codeclog/venv)
+PY := $(VENV)/bin/python
+export CODECLOG_VENV := $(VENV)
+
+.PHONY: setup demo test lint typecheck unit bench fixture clean
+
+setup:
+	@bash scripts/bootstrap.sh >/dev/null
+
+demo: setup
+	$(VENV)/bin/codeclog demo
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+typecheck: setup
+	$(PY) -m mypy
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+	$(PY) -m pytest -q
+
+unit: setup
+	$(PY) -m pytest -q -m "not kafka"
+
+bench: setup
+	$(PY) bench/run_all.py
+
+fixture: setup
+	$(PY) -m vocoder.fixture --write
+
+clean:
+	rm -rf .mypy_cache .ruff_cache .pytest_cache build *.egg-info

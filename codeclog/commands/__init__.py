@@ -1,0 +1,1 @@
+"""Subcommands of the codeclog CLI, one module each."""

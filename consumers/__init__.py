@@ -1,0 +1,1 @@
+"""Code2Wav side: the pure fold and the consumer service."""

@@ -1,0 +1,1 @@
+"""Consumer-lag measurement, evaluation and alerting."""

@@ -1,0 +1,1 @@
+"""Talker side: upstream-compatible windowing, the durable publisher, the synthetic talker."""

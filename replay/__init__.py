@@ -1,0 +1,1 @@
+"""Capture streams from the log and replay them offline, deterministically."""

@@ -1,0 +1,1 @@
+"""Avro schemas and the typed records of the wire contract."""

@@ -1,0 +1,123 @@
+"""Typed, frozen records of the codeclog wire contract.
+
+These are plain value objects (identity fields first). The wire form (Avro single-object
+encoding) is a separate concern in `schemas.wire`; this module imports nothing but the standard
+library so the fold, the talker and the replay tool can all use it.
+
+Field defaults equal the defaults the upstream MiniCPM-o 4.5 Code2Wav substitutes for a missing
+producer field (see docs/fold-contract.md), so a record captured from a system that stripped
+metadata decodes to exactly what the upstream would have seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+SILENCE_CODE = 4218  # the talker's silence id; the first window of a stream opens with 3 of them
+CODEC_VOCAB = 6561  # valid codec ids are 0..6560 (6561 is the talker's EOS)
+FRAME_SECONDS = 0.04  # one codec frame is 40 ms (25 Hz)
+SAMPLE_RATE_HZ = 24000
+SAMPLES_PER_FRAME = 960
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CodecChunk:
+    """One payload of the talker's async-chunk producer (`tts2code2wav_async_chunk`)."""
+
+    request_id: str  # external request id; the Kafka key. Empty means missing.
+    codes: tuple[int, ...]  # the window: left context + new ids, or the [0] placeholder
+    cache_epoch: int = 0  # stream generation: bumped on turn end and on re-admission
+    chunk_seq: int = 0  # counts every payload of the epoch, boundary placeholders included
+    code_flat_numel: int | None = None  # real ids in `codes`; None means len(codes) (upstream)
+    codec_chunk_frames: int = 0  # new ids in this window (not read by the upstream Code2Wav)
+    codec_left_context_frames: int = 0  # prepended context ids (3 or 0); read by fold rule A4
+    last_chunk: bool = False  # the codec stream of this epoch ends
+    tts_is_last_chunk: bool = False  # this payload flushes a talker unit, segment or request
+    turn_end: bool = False  # duplex turn end (echoed)
+    duplex_epoch: int = -1  # duplex session fence epoch (echoed, never used for positions)
+    duplex_turn_id: int = -1  # duplex turn id (echoed)
+    llm_output_text_utf8: bytes = b""  # unit transcript, attached once per unit (echoed)
+    segment_end: bool = False  # full-payload path only (echoed)
+    ref_audio: bytes | None = None  # reference voice, float32 little-endian mono, chunk 0 only
+    ref_audio_sr: int | None = None  # sample rate of ref_audio; required when it is present
+    prompt_cache_id: str | None = None  # explicit voice prompt id override
+    produced_at_ms: int = 0  # producer wall clock when the payload was made (Unix ms)
+    producer_id: str = ""  # which talker process produced it
+
+    @property
+    def frames(self) -> int:
+        """The number of real codec ids (`code_flat_numel`, defaulting to len(codes))."""
+        return len(self.codes) if self.code_flat_numel is None else self.code_flat_numel
+
+
+class ControlKind(enum.Enum):
+    ABORT = "abort"  # drop the request's state and held frames
+    FINISH = "finish"  # flush held frames as a final window, then release
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ControlEvent:
+    """A stream control event travelling on the chunk topic, keyed by request id."""
+
+    request_id: str
+    kind: ControlKind
+    reason: str = ""  # free text, e.g. the upstream abort status
+    produced_at_ms: int = 0
+    producer_id: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AudioChunk:
+    """The audio of one decode window, keyed by request id on the audio topic."""
+
+    request_id: str
+    cache_epoch: int
+    chunk_seqs: tuple[int, ...]  # the codec chunks merged into this window, in order
+    window_index: int  # 0-based ordinal of the decode window within (request, epoch)
+    sample_offset: int  # samples of this (request, epoch) emitted before this chunk
+    sample_rate_hz: int
+    pcm_s16le: bytes  # mono 16-bit little-endian PCM
+    sha256: str  # hex SHA-256 of pcm_s16le
+    final: bool  # the last audio of this epoch's stream
+    duplex_epoch: int = -1
+    duplex_turn_id: int = -1
+    turn_end: bool = False
+    tts_is_last_chunk: bool = False
+    segment_end: bool = False
+    llm_output_text_utf8: bytes = b""
+    source_produced_at_ms: int = 0  # produced_at of the newest chunk in the window
+    producer_id: str = ""  # the consumer instance (transactional id) that wrote it
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A refused input: why, where it was in the stream, and the raw record, whole."""
+
+    reason: str  # a stable rejection reason (consumers.fold RejectReason value or decode reason)
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    raw_value: bytes  # the record's value bytes exactly as consumed
+    raw_key: bytes | None = None
+    request_id: str | None = None
+    cache_epoch: int | None = None
+    chunk_seq: int | None = None
+    details_json: str = "{}"  # JSON object, sorted keys
+    error: str = ""  # human-readable message (exception text for vocoder failures)
+    dead_lettered_at_ms: int = 0
+    producer_id: str = ""
+
+
+def to_dict(record: Any) -> dict[str, Any]:
+    """A record as a plain dict with enums as their values (the Avro boundary uses this)."""
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(record):
+        value = getattr(record, field.name)
+        if isinstance(value, enum.Enum):
+            value = value.value
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[field.name] = value
+    return out

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Prepare everything `make test` and `make demo` need on a fresh machine, idempotently:
+# - a virtual environment kept once per machine (torch from PyPI is a multi-GB CUDA build, so
+#   it is installed once, not once per checkout or CI run);
+# - codeclog itself in editable mode, with the dev extra whenever pyproject.toml changed;
+# - promtool and docker-compose (Debian packages) for validating the alert rules and compose
+#   file, when running as root on Debian and they are missing.
+# The Kafka jars are fetched by `codeclog broker fetch` (called by the test session / demo).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${CODECLOG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/codeclog/venv}"
+python="${PYTHON:-python3}"
+
+need() { command -v "$1" >/dev/null 2>&1 || { echo "bootstrap: '$1' is required but not installed" >&2; exit 1; }; }
+need "$python"
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "bootstrap: creating virtual environment $venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+fi
+
+stamp="$venv/.codeclog-deps"
+want="$(sha256sum "$here/pyproject.toml" | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: installing codeclog[dev] (first time on this machine: torch is several GB)"
+  "$venv/bin/python" -m pip install -q --progress-bar off -e "$here[dev]"
+  echo "$want" > "$stamp"
+else
+  "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$here" >/dev/null
+fi
+
+missing=()
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing Debian packages: ${missing[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "bootstrap: warning: ${missing[*]} missing (promtool / docker-compose checks will be skipped)" >&2
+  fi
+fi
+echo "$venv"

@@ -1,0 +1,1 @@
+"""Token2wav (flow + HiFT) vocoder with explicit per-request streaming state."""
