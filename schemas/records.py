@@ -45,6 +45,7 @@ class CodecChunk:
     prompt_cache_id: str | None = None  # explicit voice prompt id override
     produced_at_ms: int = 0  # producer wall clock when the payload was made (Unix ms)
     producer_id: str = ""  # which talker process produced it
+    streaming_condition_seq: int | None = None  # talker's meta.streaming_condition_seq (wire v2)
 
     @property
     def frames(self) -> int:
@@ -107,6 +108,28 @@ class DeadLetter:
     details_json: str = "{}"  # JSON object, sorted keys
     error: str = ""  # human-readable message (exception text for vocoder failures)
     dead_lettered_at_ms: int = 0
+    producer_id: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamCheckpoint:
+    """Recovery progress of one request, written with the audio in the same transaction.
+
+    Lives on the compacted progress topic, keyed by request id, in the partition numbered like
+    the request's input partition. See consumers/service.py, "How recovery works".
+    """
+
+    request_id: str
+    input_topic: str
+    input_partition: int
+    open: bool  # the request has an open stream (its vocoder state must be rebuilt)
+    cache_epoch: int  # the newest epoch the fold has seen (-1: none)
+    epoch_start_offset: int  # input offset where the open epoch started (-1 when closed)
+    last_offset: int  # the request's newest input offset applied in that transaction
+    windows_emitted: int  # audio windows of the open epoch written so far
+    samples_emitted: int  # samples of the open epoch written so far
+    fold_state_json: str = ""  # consumers.fold.machine.export_request(), JSON; "" = unknown
+    updated_at_ms: int = 0
     producer_id: str = ""
 
 

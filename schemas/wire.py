@@ -1,0 +1,508 @@
+"""The wire form of the codeclog records: Avro single-object encoding (SOE).
+
+Every Kafka value codeclog writes is `C3 01` + the 8-byte little-endian CRC-64-AVRO fingerprint
+of the writer schema's Parsing Canonical Form + the fastavro schemaless binary body. No schema
+registry is needed: the fingerprint names one of the versioned `.avsc` files shipped in
+`schemas/avro/` (`<name>.v<N>.avsc`), and a reader resolves any known version into the latest
+version of that record type, so producers and consumers can be upgraded in either order
+(docs/wire-format.md has the evolution rules).
+
+`encode` refuses invalid records with `EncodeError`. `decode` is total: any input either yields a
+frozen record or raises exactly `DecodeError` carrying the raw bytes, so a consumer can
+dead-letter the record whole and carry on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import io
+import json
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+from fastavro.validation import ValidationError, validate
+
+from codeclog.errors import CodeclogError
+from schemas.records import (
+    AudioChunk,
+    CodecChunk,
+    ControlEvent,
+    ControlKind,
+    DeadLetter,
+    StreamCheckpoint,
+)
+
+Record: TypeAlias = CodecChunk | ControlEvent | AudioChunk | DeadLetter | StreamCheckpoint
+
+MARKER = b"\xc3\x01"  # SOE version 1 marker (Avro spec, "Single object encoding")
+FINGERPRINT_BYTES = 8
+HEADER_BYTES = len(MARKER) + FINGERPRINT_BYTES
+AVRO_DIR = Path(__file__).parent / "avro"
+
+# Schema file name -> record type. The file stem is the stable name used in labels and docs.
+RECORD_TYPES: dict[str, type[Record]] = {
+    "codec_chunk": CodecChunk,
+    "control_event": ControlEvent,
+    "audio_chunk": AudioChunk,
+    "dead_letter": DeadLetter,
+    "stream_checkpoint": StreamCheckpoint,
+}
+
+_INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
+_FILE_NAME = re.compile(r"^(?P<name>[a-z_]+)\.v(?P<version>[1-9][0-9]*)\.avsc$")
+
+
+class DecodeReason(enum.Enum):
+    """Why a value could not be decoded. Values are stable: they are dead-letter reasons."""
+
+    EMPTY = "empty"  # no value at all (None or zero bytes, e.g. a tombstone)
+    NOT_SINGLE_OBJECT = "not_single_object"  # does not start with the C3 01 marker
+    TRUNCATED = "truncated"  # ends inside the header or body (or a length points past the end)
+    UNKNOWN_FINGERPRINT = "unknown_fingerprint"  # writer schema is not one we ship
+    MALFORMED = "malformed"  # the body is not valid Avro for its writer schema
+    TRAILING_BYTES = "trailing_bytes"  # bytes left over after a complete record
+    INVALID_VALUE = "invalid_value"  # decodes, but a value is out of its type's range
+
+
+class WireError(CodeclogError):
+    """Base of the wire-format errors."""
+
+
+class DecodeError(WireError):
+    """A value that is not a valid codeclog record; keeps the raw bytes for the dead letter."""
+
+    def __init__(self, raw: bytes, reason: DecodeReason, detail: str) -> None:
+        self.raw = raw
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"cannot decode a {len(raw)}-byte value ({reason.value}): {detail}")
+
+
+class EncodeError(WireError):
+    """A record that cannot be written: not a record type, or a value outside its Avro type."""
+
+    def __init__(self, record_type: str, detail: str) -> None:
+        self.record_type = record_type
+        self.detail = detail
+        super().__init__(f"cannot encode {record_type}: {detail}")
+
+
+# (field, low, high): an integer field whose decoded values must fit its Avro type. Plain tuples
+# because the decoder walks them for every record.
+RangeCheck: TypeAlias = tuple[str, int, int]
+# True when a Python value certainly fits an Avro type (exact types only; False means "ask
+# fastavro's validator", which accepts e.g. numpy integers and explains what is wrong).
+ValueCheck: TypeAlias = Callable[[Any], bool]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SchemaVersion:
+    """One shipped `.avsc` file, parsed once."""
+
+    name: str  # file stem, e.g. "codec_chunk"
+    version: int
+    record_type: type[Record]
+    fingerprint: bytes  # 8 bytes, little-endian, as on the wire
+    canonical_form: str  # Parsing Canonical Form (what the fingerprint hashes)
+    text: str  # the .avsc file as shipped
+    parsed: Any  # the fastavro-parsed schema
+    scalar_ranges: tuple[RangeCheck, ...]  # int/long fields, nullable ones included
+    array_ranges: tuple[RangeCheck, ...]  # array<int>/array<long> fields, checked per item
+    value_checks: tuple[tuple[str, ValueCheck], ...]  # (field, exact check), see _value_check
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}.v{self.version}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordMapping:
+    """Record <-> Avro dict for one record type: the one place the two forms meet.
+
+    A frozen dataclass's __init__ pays an `object.__setattr__` per field (half the decode time
+    of a codec chunk); the records are plain slotted value objects without `__post_init__`, so
+    `build` fills the slots directly. `_mapping` refuses a type where that would skip logic.
+    """
+
+    record_type: type[Record]
+    field_names: tuple[str, ...]
+    to_record: tuple[tuple[str, Callable[[Any], Any]], ...]  # Avro value -> record value
+    to_avro: tuple[tuple[str, Callable[[Any], Any]], ...]  # record value -> Avro value
+    slot_setters: tuple[tuple[str, Callable[[Any, Any], None]], ...]
+
+    def build(self, values: dict[str, Any]) -> Record:
+        for name, convert in self.to_record:
+            values[name] = convert(values[name])
+        record = object.__new__(self.record_type)
+        for name, set_slot in self.slot_setters:
+            set_slot(record, values[name])
+        return record
+
+    def avro_values(self, record: Record) -> dict[str, Any]:
+        values = {name: getattr(record, name) for name in self.field_names}
+        for name, convert in self.to_avro:
+            values[name] = convert(values[name])
+        return values
+
+
+@dataclasses.dataclass(frozen=True)
+class Registry:
+    """Every shipped schema version, indexed the ways the hot paths need."""
+
+    versions: tuple[SchemaVersion, ...]  # sorted by (name, version)
+    by_fingerprint: Mapping[bytes, SchemaVersion]
+    latest: Mapping[str, SchemaVersion]  # by name
+    latest_by_type: Mapping[type, SchemaVersion]
+    mappings: Mapping[str, RecordMapping]  # by name, for the latest version
+
+
+def _int_range(field_type: Any) -> tuple[int, int] | None:
+    if isinstance(field_type, list):  # ["null", T]: None passes, T is checked
+        field_type = next((t for t in field_type if t != "null"), None)
+    if isinstance(field_type, str) and field_type in _INT_RANGES:
+        return _INT_RANGES[field_type]
+    return None
+
+
+def _range_checks(schema: Mapping[str, Any], arrays: bool) -> tuple[RangeCheck, ...]:
+    checks = []
+    for field in schema["fields"]:
+        field_type = field["type"]
+        is_array = isinstance(field_type, dict) and field_type.get("type") == "array"
+        bounds = _int_range(field_type["items"] if is_array else field_type)
+        if bounds is not None and is_array == arrays:
+            checks.append((field["name"], *bounds))
+    return tuple(checks)
+
+
+def _int_check(low: int, high: int) -> ValueCheck:
+    return lambda value: type(value) is int and low <= value <= high
+
+
+def _int_array_check(low: int, high: int) -> ValueCheck:
+    # map(type)/min/max run in C: this is most of the encode-side check for a codec chunk
+    def check(value: Any) -> bool:
+        if type(value) not in (list, tuple):
+            return False
+        if not value:
+            return True
+        return set(map(type, value)) == {int} and low <= min(value) <= max(value) <= high
+
+    return check
+
+
+def _nullable(check: ValueCheck) -> ValueCheck:
+    return lambda value: value is None or check(value)
+
+
+def _exact_type(python_type: type) -> ValueCheck:
+    return lambda value: type(value) is python_type
+
+
+_PRIMITIVE_CHECKS: dict[str, ValueCheck] = {
+    "int": _int_check(*_INT_RANGES["int"]),
+    "long": _int_check(*_INT_RANGES["long"]),
+    "boolean": _exact_type(bool),
+    "string": _exact_type(str),
+    "bytes": _exact_type(bytes),
+}
+
+
+def _defer(value: Any) -> bool:
+    return False  # a construct _value_check does not know: fastavro's validator decides
+
+
+def _value_check(avro_type: Any) -> ValueCheck:
+    if isinstance(avro_type, str):
+        return _PRIMITIVE_CHECKS.get(avro_type, _defer)
+    if isinstance(avro_type, list) and len(avro_type) == 2 and avro_type[0] == "null":
+        return _nullable(_value_check(avro_type[1]))
+    kind = avro_type.get("type") if isinstance(avro_type, dict) else None
+    items = avro_type.get("items") if kind == "array" else None
+    if isinstance(items, str) and items in _INT_RANGES:
+        return _int_array_check(*_INT_RANGES[items])
+    if kind == "enum":
+        symbols = frozenset(avro_type["symbols"])
+        return lambda value: type(value) is str and value in symbols
+    return _defer
+
+
+def _load_version(path: Path, name: str, version: int) -> SchemaVersion:
+    text = path.read_text(encoding="utf-8")
+    schema = json.loads(text)
+    parsed = parse_schema(schema)
+    canonical = to_parsing_canonical_form(parsed)
+    return SchemaVersion(
+        name=name,
+        version=version,
+        record_type=RECORD_TYPES[name],
+        fingerprint=bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")),
+        canonical_form=canonical,
+        text=text,
+        parsed=parsed,
+        scalar_ranges=_range_checks(schema, arrays=False),
+        array_ranges=_range_checks(schema, arrays=True),
+        value_checks=tuple((f["name"], _value_check(f["type"])) for f in schema["fields"]),
+    )
+
+
+def _scan(directory: Path) -> list[SchemaVersion]:
+    versions = []
+    for path in sorted(directory.glob("*.avsc")):
+        match = _FILE_NAME.match(path.name)
+        if match is None or match["name"] not in RECORD_TYPES:
+            raise WireError(f"unexpected schema file {path.name}: want <name>.v<N>.avsc")
+        versions.append(_load_version(path, match["name"], int(match["version"])))
+    return sorted(versions, key=lambda v: (v.name, v.version))
+
+
+def _check_complete(versions: list[SchemaVersion]) -> None:
+    """Each record type has versions 1..N with no hole, and no two files share a fingerprint."""
+    for name in RECORD_TYPES:
+        numbers = [v.version for v in versions if v.name == name]
+        if numbers != list(range(1, len(numbers) + 1)) or not numbers:
+            raise WireError(f"schema versions of {name} must be 1..N, found {numbers}")
+    if len({v.fingerprint for v in versions}) != len(versions):
+        raise WireError("two schema files have the same canonical form (same fingerprint)")
+
+
+def _check_fields(latest: SchemaVersion) -> None:
+    """The latest schema has exactly the record's fields: decode fills every slot from it."""
+    expected_name = f"codeclog.{latest.record_type.__name__}"
+    if latest.parsed["name"] != expected_name:
+        raise WireError(
+            f"{latest.label} must be named {expected_name}, not {latest.parsed['name']}"
+        )
+    record_fields = {f.name for f in dataclasses.fields(latest.record_type)}
+    schema_fields = {f["name"] for f in latest.parsed["fields"]}
+    if record_fields != schema_fields:
+        diff = sorted(record_fields ^ schema_fields)
+        raise WireError(f"{latest.label} and {latest.record_type.__name__} differ in {diff}")
+
+
+# Fields whose Python form differs from fastavro's: arrays are tuples, enums are ControlKind.
+_CONVERTERS: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
+    "codec_chunk": (("codes", tuple),),
+    "control_event": (("kind", ControlKind),),
+    "audio_chunk": (("chunk_seqs", tuple),),
+    "dead_letter": (),
+    "stream_checkpoint": (),
+}
+
+
+def _enum_value(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _mapping(record_type: type[Record], name: str) -> RecordMapping:
+    if hasattr(record_type, "__post_init__") or not hasattr(record_type, "__slots__"):
+        raise WireError(f"{record_type.__name__} must be a slotted dataclass without __post_init__")
+    fields = dataclasses.fields(record_type)
+    to_record = _CONVERTERS.get(name, ())
+    to_avro = tuple((field, _enum_value) for field, convert in to_record if convert is not tuple)
+    return RecordMapping(
+        record_type=record_type,
+        field_names=tuple(f.name for f in fields),
+        to_record=to_record,
+        to_avro=to_avro,  # tuples need no conversion: fastavro writes any sequence
+        slot_setters=tuple((f.name, getattr(record_type, f.name).__set__) for f in fields),
+    )
+
+
+def _check_enum_symbols(latest: SchemaVersion) -> None:
+    """Enum fields of the latest schema have exactly the symbols of their Python enum."""
+    for name, convert in _CONVERTERS.get(latest.name, ()):
+        if isinstance(convert, type) and issubclass(convert, enum.Enum):
+            field = next(f for f in latest.parsed["fields"] if f["name"] == name)
+            symbols = set(field["type"]["symbols"])
+            if symbols != {member.value for member in convert}:
+                raise WireError(f"{latest.label}.{name} symbols differ from {convert.__name__}")
+
+
+def check_folder(directory: Path) -> Registry:
+    """Load and check a folder of `<name>.v<N>.avsc` files; WireError names the first problem."""
+    versions = _scan(directory)
+    _check_complete(versions)
+    latest = {v.name: v for v in versions}  # sorted by version, so the last one wins
+    for version in latest.values():
+        _check_fields(version)
+        _check_enum_symbols(version)
+    return Registry(
+        versions=tuple(versions),
+        by_fingerprint={v.fingerprint: v for v in versions},
+        latest=latest,
+        latest_by_type={v.record_type: v for v in latest.values()},
+        mappings={name: _mapping(RECORD_TYPES[name], name) for name in latest},
+    )
+
+
+@functools.cache
+def registry() -> Registry:
+    """The shipped schemas (`schemas/avro/`), loaded, checked and parsed once per process."""
+    return check_folder(AVRO_DIR)
+
+
+def fingerprint_of(record_type: type[Record]) -> bytes:
+    """The 8-byte wire fingerprint of the latest schema of `record_type`."""
+    return registry().latest_by_type[record_type].fingerprint
+
+
+def known_fingerprints() -> dict[str, str]:
+    """Every shipped schema: fingerprint as wire-order hex -> "name.vN"."""
+    return {v.fingerprint.hex(): v.label for v in registry().versions}
+
+
+def _version(name: str, version: int) -> SchemaVersion:
+    for candidate in registry().versions:
+        if candidate.name == name and candidate.version == version:
+            return candidate
+    raise WireError(
+        f"no schema {name}.v{version}; known: {', '.join(known_fingerprints().values())}"
+    )
+
+
+def schema_json(name: str, version: int) -> str:
+    """The `.avsc` text of `name` (e.g. "codec_chunk") at `version`, as shipped."""
+    return _version(name, version).text
+
+
+def canonical_form(name: str, version: int) -> str:
+    """The Parsing Canonical Form of `name` at `version` (what captures should pin)."""
+    return _version(name, version).canonical_form
+
+
+def latest_version(name: str) -> int:
+    return registry().latest[name].version
+
+
+def wire_fingerprint(data: bytes | bytearray | memoryview | None) -> bytes | None:
+    """The 8 fingerprint bytes of an SOE-framed value, or None if it is not framed as SOE."""
+    if data is None or len(data) < HEADER_BYTES or bytes(data[:2]) != MARKER:
+        return None
+    return bytes(data[2:HEADER_BYTES])
+
+
+def fingerprint_table() -> str:
+    """A Markdown table of every shipped schema version and its fingerprint."""
+    lines = ["| schema | record | fingerprint (wire order, hex) | latest |", "|---|---|---|---|"]
+    for v in registry().versions:
+        latest = "yes" if registry().latest[v.name] is v else ""
+        record = v.record_type.__name__
+        lines.append(f"| `{v.label}` | {record} | `{v.fingerprint.hex()}` | {latest} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# encode
+
+
+def encode(record: Record) -> bytes:
+    """The SOE bytes of `record`, written with the latest schema of its type."""
+    known = registry()
+    version = known.latest_by_type.get(type(record))
+    if version is None:
+        raise EncodeError(type(record).__name__, "not a codeclog record type")
+    values = known.mappings[version.name].avro_values(record)
+    if not all(check(values[field]) for field, check in version.value_checks):
+        _validate_for_encode(version, values)
+    buffer = io.BytesIO()
+    buffer.write(MARKER)
+    buffer.write(version.fingerprint)
+    try:
+        schemaless_writer(buffer, version.parsed, values)
+    except Exception as exc:  # fastavro raises assorted types; the contract is one error type
+        raise EncodeError(version.record_type.__name__, str(exc)) from exc
+    return buffer.getvalue()
+
+
+def _validate_for_encode(version: SchemaVersion, values: dict[str, Any]) -> None:
+    # fastavro's writer silently truncates an out-of-range int, so a value the exact checks
+    # did not vouch for goes through fastavro's validator: it refuses with a message naming
+    # the field, or accepts what the exact checks are too strict for (e.g. numpy integers).
+    try:
+        validate(values, version.parsed, raise_errors=True)
+    except ValidationError as exc:
+        detail = "; ".join(str(error) for error in exc.errors) or str(exc)
+        raise EncodeError(version.record_type.__name__, detail) from exc
+    except Exception as exc:  # e.g. an exotic value the validator itself trips on
+        raise EncodeError(version.record_type.__name__, repr(exc)) from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# decode
+
+
+def decode(data: bytes | bytearray | memoryview | None) -> Record:
+    """The record in `data`, resolved into the latest schema of its type.
+
+    Raises DecodeError (and nothing else) for any value that is not a valid record.
+    """
+    raw = b"" if data is None else bytes(data)
+    known = registry()
+    writer = _writer_version(raw, known)
+    reader = known.latest[writer.name]
+    values = _read_body(raw, writer, reader)
+    _check_ranges(raw, reader, values)
+    return known.mappings[reader.name].build(values)
+
+
+def _writer_version(raw: bytes, known: Registry) -> SchemaVersion:
+    if not raw:
+        raise DecodeError(raw, DecodeReason.EMPTY, "no value")
+    if not MARKER.startswith(raw[:2]):  # a lone C3 is a truncated header, not a foreign value
+        raise DecodeError(raw, DecodeReason.NOT_SINGLE_OBJECT, "no C3 01 single-object marker")
+    if len(raw) < HEADER_BYTES:
+        raise DecodeError(raw, DecodeReason.TRUNCATED, "ends inside the 10-byte header")
+    version = known.by_fingerprint.get(raw[2:HEADER_BYTES])
+    if version is None:
+        fp = raw[2:HEADER_BYTES].hex()
+        raise DecodeError(raw, DecodeReason.UNKNOWN_FINGERPRINT, f"unknown writer schema {fp}")
+    return version
+
+
+def _read_body(raw: bytes, writer: SchemaVersion, reader: SchemaVersion) -> dict[str, Any]:
+    stream = io.BytesIO(raw)
+    stream.seek(HEADER_BYTES)
+    # Reading with the writer schema alone is much cheaper than resolving; only older writers
+    # need resolution into the latest version.
+    reader_schema = None if writer is reader else reader.parsed
+    try:
+        values = schemaless_reader(stream, writer.parsed, reader_schema)
+    except EOFError as exc:
+        raise DecodeError(raw, DecodeReason.TRUNCATED, f"{writer.label} body ends early") from exc
+    except Exception as exc:  # fastavro raises IndexError, ValueError, UnicodeDecodeError, ...
+        detail = f"{writer.label} body: {type(exc).__name__}: {exc}"
+        raise DecodeError(raw, DecodeReason.MALFORMED, detail) from exc
+    if stream.tell() != len(raw):
+        extra = len(raw) - stream.tell()
+        raise DecodeError(raw, DecodeReason.TRAILING_BYTES, f"{extra} bytes after the record")
+    if not isinstance(values, dict):
+        raise DecodeError(raw, DecodeReason.MALFORMED, f"{writer.label} body is not a record")
+    return values
+
+
+def _check_ranges(raw: bytes, reader: SchemaVersion, values: dict[str, Any]) -> None:
+    # fastavro reads an Avro int as a 64-bit varint without a range check.
+    for field, low, high in reader.scalar_ranges:
+        value = values[field]
+        if value is not None and not low <= value <= high:
+            _raise_out_of_range(raw, reader, field, low, high)
+    for field, low, high in reader.array_ranges:
+        items = values[field]
+        if items and (min(items) < low or max(items) > high):
+            _raise_out_of_range(raw, reader, field, low, high)
+
+
+def _raise_out_of_range(raw: bytes, reader: SchemaVersion, field: str, low: int, high: int) -> None:
+    detail = f"{reader.label}.{field} has a value outside [{low}, {high}]"
+    raise DecodeError(raw, DecodeReason.INVALID_VALUE, detail)
+
+
+if __name__ == "__main__":
+    print(fingerprint_table())

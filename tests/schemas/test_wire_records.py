@@ -1,0 +1,345 @@
+"""Round trips of every record type, and what the decoder does with damaged encodings."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from typing import Any
+
+import pytest
+from fastavro import schemaless_writer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schemas import wire
+from schemas.records import (
+    SILENCE_CODE,
+    AudioChunk,
+    CodecChunk,
+    ControlEvent,
+    ControlKind,
+    DeadLetter,
+    StreamCheckpoint,
+    to_dict,
+)
+
+INT32 = st.integers(-(2**31), 2**31 - 1)
+INT64 = st.integers(-(2**63), 2**63 - 1)
+TEXT = st.text(max_size=24)  # hypothesis text never holds lone surrogates: always UTF-8-able
+BLOB = st.binary(max_size=64)
+
+codec_chunks = st.builds(
+    CodecChunk,
+    request_id=TEXT,
+    codes=st.lists(INT32, max_size=40).map(tuple),
+    cache_epoch=INT32,
+    chunk_seq=INT32,
+    code_flat_numel=st.none() | INT32,
+    codec_chunk_frames=INT32,
+    codec_left_context_frames=INT32,
+    last_chunk=st.booleans(),
+    tts_is_last_chunk=st.booleans(),
+    turn_end=st.booleans(),
+    duplex_epoch=INT64,
+    duplex_turn_id=INT64,
+    llm_output_text_utf8=BLOB,
+    segment_end=st.booleans(),
+    ref_audio=st.none() | BLOB,
+    ref_audio_sr=st.none() | INT32,
+    prompt_cache_id=st.none() | TEXT,
+    produced_at_ms=INT64,
+    producer_id=TEXT,
+    streaming_condition_seq=st.none() | INT64,
+)
+control_events = st.builds(
+    ControlEvent,
+    request_id=TEXT,
+    kind=st.sampled_from(ControlKind),
+    reason=TEXT,
+    produced_at_ms=INT64,
+    producer_id=TEXT,
+)
+audio_chunks = st.builds(
+    AudioChunk,
+    request_id=TEXT,
+    cache_epoch=INT32,
+    chunk_seqs=st.lists(INT32, max_size=8).map(tuple),
+    window_index=INT32,
+    sample_offset=INT64,
+    sample_rate_hz=INT32,
+    pcm_s16le=BLOB,
+    sha256=TEXT,
+    final=st.booleans(),
+    duplex_epoch=INT64,
+    duplex_turn_id=INT64,
+    turn_end=st.booleans(),
+    tts_is_last_chunk=st.booleans(),
+    segment_end=st.booleans(),
+    llm_output_text_utf8=BLOB,
+    source_produced_at_ms=INT64,
+    producer_id=TEXT,
+)
+dead_letters = st.builds(
+    DeadLetter,
+    reason=TEXT,
+    source_topic=TEXT,
+    source_partition=INT32,
+    source_offset=INT64,
+    raw_value=BLOB,
+    raw_key=st.none() | BLOB,
+    request_id=st.none() | TEXT,
+    cache_epoch=st.none() | INT32,
+    chunk_seq=st.none() | INT32,
+    details_json=TEXT,
+    error=TEXT,
+    dead_lettered_at_ms=INT64,
+    producer_id=TEXT,
+)
+stream_checkpoints = st.builds(
+    StreamCheckpoint,
+    request_id=TEXT,
+    input_topic=TEXT,
+    input_partition=INT32,
+    open=st.booleans(),
+    cache_epoch=INT32,
+    epoch_start_offset=INT64,
+    last_offset=INT64,
+    windows_emitted=INT32,
+    samples_emitted=INT64,
+    fold_state_json=TEXT,
+    updated_at_ms=INT64,
+    producer_id=TEXT,
+)
+records = st.one_of(codec_chunks, control_events, audio_chunks, dead_letters, stream_checkpoints)
+
+FIRST_WINDOW = CodecChunk(
+    request_id="req-1",
+    codes=(SILENCE_CODE,) * 3 + tuple(range(100, 125)),
+    code_flat_numel=28,
+    codec_chunk_frames=25,
+    codec_left_context_frames=3,
+    produced_at_ms=1_760_000_000_000,
+    producer_id="talker-0",
+)
+
+EXAMPLES: dict[str, wire.Record] = {
+    "first_window": FIRST_WINDOW,
+    "stripped_metadata": CodecChunk(request_id="b", codes=(0,)),
+    "boundary_placeholder": CodecChunk("r", (0,), chunk_seq=4, code_flat_numel=0),
+    "missing_request_id": CodecChunk(request_id="", codes=()),
+    "chunk_zero_with_voice": CodecChunk(
+        "r", (1, 2, 3, 4), ref_audio=b"\x00\x00\x80?", ref_audio_sr=16000, prompt_cache_id="v"
+    ),
+    "duplex_turn_end": CodecChunk(
+        "r",
+        (7, 8, 9),
+        cache_epoch=3,
+        chunk_seq=9,
+        last_chunk=True,
+        tts_is_last_chunk=True,
+        turn_end=True,
+        duplex_epoch=2,
+        duplex_turn_id=11,
+        llm_output_text_utf8="ça va".encode(),
+        streaming_condition_seq=41,
+    ),
+    "abort": ControlEvent("r", ControlKind.ABORT, reason="ABORTED", produced_at_ms=5),
+    "finish": ControlEvent("r", ControlKind.FINISH),
+    "audio": AudioChunk("r", 0, (0, 1), 0, 0, 24000, b"\x01\x00" * 960, "ab" * 32, False),
+    "final_audio": AudioChunk("r", 1, (), 3, 72000, 24000, b"", "", True, turn_end=True),
+    "decode_dead_letter": DeadLetter("malformed", "codec.chunks", 3, 2**40, b"\xc3\x01\x00"),
+    "fold_dead_letter": DeadLetter(
+        "stale_cache_epoch",
+        "codec.chunks",
+        0,
+        17,
+        b"...",
+        raw_key=b"r",
+        request_id="r",
+        cache_epoch=1,
+        chunk_seq=0,
+        details_json='{"actual":1,"expected":2}',
+    ),
+    "checkpoint": StreamCheckpoint(
+        "r", "codec.chunks", 5, True, 2, 1200, 1234, 7, 168000, fold_state_json="{}"
+    ),
+}
+
+
+@pytest.mark.parametrize("record", EXAMPLES.values(), ids=EXAMPLES.keys())
+def test_example_round_trips_with_its_latest_fingerprint(record: wire.Record) -> None:
+    data = wire.encode(record)
+    assert data[:2] == b"\xc3\x01"
+    assert data[2:10] == wire.fingerprint_of(type(record))
+    decoded = wire.decode(data)
+    assert decoded == record
+    assert type(decoded) is type(record)
+
+
+@given(records)
+def test_any_record_round_trips(record: wire.Record) -> None:
+    decoded = wire.decode(wire.encode(record))
+    assert decoded == record
+    assert to_dict(decoded) == to_dict(record)
+
+
+def test_decoded_sequences_are_tuples_and_enums_are_enums() -> None:
+    chunk = wire.decode(wire.encode(FIRST_WINDOW))
+    event = wire.decode(wire.encode(EXAMPLES["abort"]))
+    assert isinstance(chunk, CodecChunk) and isinstance(chunk.codes, tuple)
+    assert isinstance(event, ControlEvent) and event.kind is ControlKind.ABORT
+    hash(chunk)  # frozen value objects are hashable: usable as dict keys and in sets
+
+
+def test_decode_accepts_bytearray_and_memoryview() -> None:
+    data = wire.encode(FIRST_WINDOW)
+    assert wire.decode(bytearray(data)) == FIRST_WINDOW
+    assert wire.decode(memoryview(data)) == FIRST_WINDOW
+
+
+def _v1_bytes(chunk: CodecChunk) -> bytes:
+    """What a producer still on codec_chunk.v1 writes: the v1 fingerprint, the v1 fields."""
+    v1 = next(v for v in wire.registry().versions if v.label == "codec_chunk.v1")
+    values = {k: v for k, v in to_dict(chunk).items() if k != "streaming_condition_seq"}
+    buffer = io.BytesIO()
+    buffer.write(wire.MARKER + v1.fingerprint)
+    schemaless_writer(buffer, v1.parsed, values)
+    return buffer.getvalue()
+
+
+@given(codec_chunks)
+def test_v1_written_chunk_reads_into_latest_with_new_field_default(chunk: CodecChunk) -> None:
+    data = _v1_bytes(chunk)
+    assert wire.known_fingerprints()[data[2:10].hex()] == "codec_chunk.v1"
+    decoded = wire.decode(data)
+    assert decoded == dataclasses.replace(chunk, streaming_condition_seq=None)
+
+
+def _assert_only_decode_error(data: bytes) -> wire.Record | None:
+    """Decoding yields a valid record or a DecodeError that kept the exact input."""
+    try:
+        record = wire.decode(data)
+    except wire.DecodeError as exc:
+        assert exc.raw == data
+        assert isinstance(exc.reason, wire.DecodeReason)
+        assert str(exc).startswith("cannot decode")
+        return None
+    wire.encode(record)  # whatever decodes is a valid record: it encodes again
+    return record
+
+
+@st.composite
+def damaged(draw: st.DrawFn) -> bytes:
+    data = bytearray(wire.encode(draw(records)))
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(data)))
+        action = draw(st.sampled_from(["flip", "set", "insert", "delete", "cut"]))
+        if action == "flip" and at < len(data):
+            data[at] ^= 1 << draw(st.integers(0, 7))
+        elif action == "set" and at < len(data):
+            data[at] = draw(st.integers(0, 255))
+        elif action == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=12))
+        elif action == "delete":
+            del data[at : at + draw(st.integers(1, 12))]
+        elif action == "cut":
+            del data[at:]
+    return bytes(data)
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(damaged())
+def test_damaged_encodings_decode_or_raise_only_decode_error(data: bytes) -> None:
+    _assert_only_decode_error(data)
+
+
+@given(records)
+def test_every_truncation_of_a_valid_encoding_is_a_decode_error(record: wire.Record) -> None:
+    data = wire.encode(record)
+    for end in range(len(data)):
+        with pytest.raises(wire.DecodeError) as caught:
+            wire.decode(data[:end])
+        assert caught.value.raw == data[:end]
+        assert caught.value.reason in {
+            wire.DecodeReason.EMPTY,
+            wire.DecodeReason.TRUNCATED,
+            wire.DecodeReason.MALFORMED,  # fastavro reports a varint cut mid-way as IndexError
+        }
+
+
+@given(records, st.binary(min_size=1, max_size=8))
+def test_bytes_after_a_complete_record_are_refused(record: wire.Record, extra: bytes) -> None:
+    with pytest.raises(wire.DecodeError) as caught:
+        wire.decode(wire.encode(record) + extra)
+    assert caught.value.reason is wire.DecodeReason.TRAILING_BYTES
+
+
+@given(records, st.binary(min_size=8, max_size=8))
+def test_unknown_fingerprint_is_named(record: wire.Record, fingerprint: bytes) -> None:
+    if fingerprint.hex() in wire.known_fingerprints():
+        return
+    data = wire.encode(record)
+    forged = data[:2] + fingerprint + data[10:]
+    with pytest.raises(wire.DecodeError) as caught:
+        wire.decode(forged)
+    assert caught.value.reason is wire.DecodeReason.UNKNOWN_FINGERPRINT
+    assert caught.value.raw == forged
+    assert fingerprint.hex() in str(caught.value)
+
+
+def _forged_chunk(field: str, avro_type: Any, value: Any) -> bytes:
+    """A codec chunk whose `field` was written as `avro_type`: a writer that breaks the schema.
+
+    Same header as a genuine latest chunk, so the decoder must catch the damage in the body.
+    """
+    latest = wire.registry().latest["codec_chunk"]
+    schema = {
+        "type": "record",
+        "name": "Forged",
+        "fields": [
+            {"name": f["name"], "type": avro_type if f["name"] == field else f["type"]}
+            for f in latest.parsed["fields"]
+        ],
+    }
+    values = {**to_dict(FIRST_WINDOW), field: value}
+    buffer = io.BytesIO()
+    buffer.write(wire.MARKER + latest.fingerprint)
+    schemaless_writer(buffer, schema, values)
+    return buffer.getvalue()
+
+
+FORGED = {
+    "chunk_seq_above_int32": (_forged_chunk("chunk_seq", "long", 2**31), "invalid_value"),
+    "chunk_seq_below_int32": (_forged_chunk("chunk_seq", "long", -(2**31) - 1), "invalid_value"),
+    "code_above_int32": (
+        _forged_chunk("codes", {"type": "array", "items": "long"}, [1, 2**40, 3]),
+        "invalid_value",
+    ),
+    "nullable_int_above_int32": (
+        _forged_chunk("code_flat_numel", ["null", "long"], 2**35),
+        "invalid_value",
+    ),
+    "request_id_not_utf8": (_forged_chunk("request_id", "bytes", b"\xff\xfe"), "malformed"),
+    "union_index_out_of_range": (
+        _forged_chunk("code_flat_numel", ["null", "int", "string"], "x"),
+        "malformed",
+    ),
+    # fastavro reads a negative length as "the rest", then runs out of bytes
+    "negative_string_length": (_forged_chunk("request_id", "long", -5), "truncated"),
+    "string_longer_than_value": (_forged_chunk("request_id", "long", 10_000), "truncated"),
+}
+
+
+@pytest.mark.parametrize("case", FORGED, ids=FORGED.keys())
+def test_forged_body_is_refused_with_its_reason(case: str) -> None:
+    data, reason = FORGED[case]
+    with pytest.raises(wire.DecodeError) as caught:
+        wire.decode(data)
+    assert caught.value.reason.value == reason
+    assert caught.value.raw == data
+
+
+def test_a_genuine_forgery_writer_is_not_refused() -> None:
+    """Control for the table above: the forging helper alone does not break decoding."""
+    decoded = wire.decode(_forged_chunk("chunk_seq", "long", 2**31 - 1))
+    assert decoded == dataclasses.replace(FIRST_WINDOW, chunk_seq=2**31 - 1)
