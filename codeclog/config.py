@@ -60,7 +60,7 @@ class TopicsConfig:
             expected = int if key.endswith("partitions") else str
             if not isinstance(value, expected) or isinstance(value, bool):
                 raise ConfigError(f"topic config {key!r} must be {expected.__name__}")
-            if expected is int and value < 1:
+            if isinstance(value, int) and value < 1:
                 raise ConfigError(f"topic config {key!r} must be >= 1, got {value}")
             if expected is str and not value:
                 raise ConfigError(f"topic config {key!r} must not be empty")

@@ -1,0 +1,560 @@
+"""The durable talker side: an idempotent Kafka publisher and the per-step `Talker` API.
+
+`ChunkPublisher` writes codec chunks and control events to the chunk topic, keyed by the
+external request id, with the guarantees the consumer relies on:
+
+- `enable.idempotence=true` (so acks=all, retries, at most 5 in flight, per-partition order):
+  a broker restart or a lost ack costs a retry, never a duplicate or a reordering;
+- `partitioner=murmur2_random`, the Java client's hash, so a talker written in another language
+  puts the same request on the same partition;
+- no compression, small `linger.ms` (1 ms by default: live audio waits for nobody);
+- every delivery report is checked: a record that cannot be delivered is counted, kept in
+  `failures` and handed to `on_failure`; nothing is dropped silently;
+- a full local queue is back-pressure: poll and retry until a deadline, then
+  `PublishBackpressureError`.
+
+`Talker` runs the pure windowing (`producers.windowing`) per request and publishes what it
+returns. It imports nothing from vllm, so a vllm-omni stage input processor can call it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from codeclog.errors import CodeclogError
+from producers.windowing import (
+    ProducerState,
+    StepInput,
+    WindowingConfig,
+    initial_state,
+    new_ids,
+    step,
+)
+from schemas import wire
+from schemas.records import FRAME_SECONDS, CodecChunk, ControlEvent, ControlKind
+
+DEFAULT_TOPIC = "codec.chunks"
+LATENCY_SAMPLES_MAX = 100_000  # produce-to-ack samples kept (a ring: the newest win)
+BACKPRESSURE_POLL_S = 0.05
+PURGE_REPORT_TIMEOUT_S = 1.0  # time to serve the delivery reports of purged records at close
+KAFKA_LOGGER = logging.getLogger("codeclog.kafka")
+
+# Settings the publisher's guarantees depend on: a user properties file may not weaken them.
+_REQUIRED = {
+    "enable.idempotence": ("true",),
+    "acks": ("all", "-1"),
+    "partitioner": ("murmur2_random",),
+    "compression.type": ("none",),
+    "compression.codec": ("none",),
+}
+
+
+class PublishError(CodeclogError):
+    """Base of the publisher errors."""
+
+
+class PublisherConfigError(PublishError, ValueError):
+    """The publisher configuration is invalid or contradicts its guarantees."""
+
+
+class PublishBackpressureError(PublishError):
+    """The local queue stayed full past the back-pressure deadline; the record was not queued."""
+
+    def __init__(self, request_id: str, waited_s: float, queued: int) -> None:
+        super().__init__(
+            f"local Kafka queue full for {waited_s:.2f} s ({queued} records waiting) while "
+            f"publishing request {request_id!r}: the broker is slower than the talker or "
+            f"unreachable"
+        )
+        self.request_id = request_id
+        self.waited_s = waited_s
+        self.queued = queued
+
+
+class PublisherClosedError(PublishError):
+    """publish() after close()."""
+
+
+class TopicNotReadyError(PublishError):
+    """The cluster cannot be reached, or the topic to publish to does not exist."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PublisherConfig:
+    """How the publisher talks to the cluster (validated on construction)."""
+
+    topic: str = DEFAULT_TOPIC
+    producer_id: str = ""  # stamped by Talker on records; also the librdkafka client.id
+    linger_ms: float = 1.0  # batching delay; 0-1 for live audio, more only for bulk replay
+    delivery_timeout_ms: int = 30_000  # retries end here; then the record is a reported failure
+    queue_max_records: int = 100_000  # librdkafka queue.buffering.max.messages
+    backpressure_timeout_s: float = 5.0  # how long publish() waits for room in a full queue
+
+    def __post_init__(self) -> None:
+        if not self.topic:
+            raise PublisherConfigError("topic must not be empty")
+        if not 0 <= self.linger_ms <= 900_000:
+            raise PublisherConfigError(f"linger_ms must be in 0..900000, got {self.linger_ms}")
+        if self.delivery_timeout_ms < 1:
+            raise PublisherConfigError("delivery_timeout_ms must be >= 1")
+        if self.queue_max_records < 1:
+            raise PublisherConfigError("queue_max_records must be >= 1")
+        if self.backpressure_timeout_s < 0:
+            raise PublisherConfigError("backpressure_timeout_s must be >= 0")
+
+
+def producer_settings(client_config: Mapping[str, str], config: PublisherConfig) -> dict[str, Any]:
+    """librdkafka properties: the user's (bootstrap, security) plus the publisher's guarantees."""
+    for key, allowed in _REQUIRED.items():
+        value = client_config.get(key)
+        if value is not None and str(value).lower() not in allowed:
+            raise PublisherConfigError(
+                f"kafka config sets {key}={value}, but the talker publisher requires "
+                f"{key}={allowed[0]} (exactly-once per producer, partitions shared with Java)"
+            )
+    settings: dict[str, Any] = dict(client_config)
+    settings.update(
+        {
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",
+            "compression.type": "none",
+            "linger.ms": config.linger_ms,
+            "message.timeout.ms": config.delivery_timeout_ms,
+            "queue.buffering.max.messages": config.queue_max_records,
+            "logger": KAFKA_LOGGER,
+        }
+    )
+    if config.producer_id:
+        settings.setdefault("client.id", config.producer_id)
+    return settings
+
+
+def topic_partition_count(
+    client_config: Mapping[str, str],
+    topic: str,
+    timeout_s: float = 10.0,
+    admin_factory: Callable[[dict[str, Any]], Any] = AdminClient,
+) -> int:
+    """Partitions of `topic`; TopicNotReadyError when the cluster or the topic is missing.
+
+    Asks for the whole cluster's metadata: naming a missing topic in a metadata request can
+    auto-create it with the broker's default partition count, which would break the layout.
+    """
+    admin = admin_factory({**client_config, "logger": KAFKA_LOGGER})
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        bootstrap = client_config.get("bootstrap.servers", "?")
+        raise TopicNotReadyError(
+            f"no answer from the Kafka cluster at {bootstrap} within {timeout_s:g} s "
+            f"({_kafka_error(exc).str()})"
+        ) from exc
+    found = metadata.topics.get(topic)
+    if found is None:
+        raise TopicNotReadyError(
+            f"topic {topic!r} does not exist; run `codeclog topics create` first"
+        )
+    return len(found.partitions)
+
+
+Record = CodecChunk | ControlEvent
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeliveryFailure:
+    """A record that did not reach the log, and why."""
+
+    request_id: str
+    kind: str  # "codec_chunk" or "control_event:<kind>"
+    cache_epoch: int | None  # None for control events
+    chunk_seq: int | None
+    error_name: str  # librdkafka error name, e.g. MSG_SIZE_TOO_LARGE, _MSG_TIMED_OUT
+    error: str  # human-readable message
+    retriable: bool
+    fatal: bool  # the producer instance is unusable and must be recreated
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PublisherStats:
+    """A snapshot of the counters."""
+
+    published: int  # records accepted into the local queue
+    delivered: int  # acknowledged by the broker (acks=all)
+    failed: int  # reported failures (refused by produce() or by a delivery report)
+    in_flight: int  # queued, no report yet
+    backpressure_waits: int  # publish() calls that found the queue full at least once
+    client_errors: int  # librdkafka global errors (broker down, ...): informative, not loss
+    latency_ms: tuple[float, ...]  # produce-to-ack samples, oldest first
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CloseReport:
+    """What close() could and could not deliver."""
+
+    delivered: int
+    failed: int
+    undelivered: int  # not acknowledged when the flush timeout ran out (also in failed)
+
+
+FailureCallback = Callable[[DeliveryFailure], None]
+
+
+class _Counters:
+    """The publisher's mutable tallies, in one place."""
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.delivered = 0
+        self.failed = 0
+        self.in_flight = 0
+        self.backpressure_waits = 0
+        self.client_errors = 0
+        self.latency_ms: deque[float] = deque(maxlen=LATENCY_SAMPLES_MAX)
+
+
+class ChunkPublisher:
+    """Publishes codec chunks and control events, keyed by request id. Not thread-safe."""
+
+    def __init__(
+        self,
+        client_config: Mapping[str, str],
+        config: PublisherConfig | None = None,
+        *,
+        on_failure: FailureCallback | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        producer_factory: Callable[[dict[str, Any]], Any] = Producer,
+    ) -> None:
+        self.config = config or PublisherConfig()
+        settings = producer_settings(client_config, self.config)
+        settings["error_cb"] = self._on_client_error
+        self._producer = producer_factory(settings)
+        self._on_failure = on_failure
+        self._clock = clock
+        self._counts = _Counters()
+        self.failures: list[DeliveryFailure] = []
+        self.last_client_error: str = ""
+        self._closed = False
+
+    # publishing -------------------------------------------------------------------------------
+    def publish(self, record: Record) -> None:
+        """Queue one record; delivery is reported later (poll / flush / close)."""
+        if self._closed:
+            raise PublisherClosedError("the publisher is closed")
+        value = wire.encode(record)
+        key = record.request_id.encode("utf-8")
+        self._produce(record, key, value)
+        self._producer.poll(0)  # serve delivery reports as we go: no thread needed
+
+    def publish_all(self, records: Iterable[Record]) -> None:
+        for record in records:
+            self.publish(record)
+
+    def _produce(self, record: Record, key: bytes, value: bytes) -> None:
+        deadline = self._clock() + self.config.backpressure_timeout_s
+        waited = False
+        while True:
+            try:
+                self._producer.produce(
+                    self.config.topic, value, key, on_delivery=self._report(record, self._clock())
+                )
+            except BufferError:
+                waited = self._wait_for_room(record, deadline, waited)
+                continue
+            except KafkaException as exc:
+                self._fail(record, _kafka_error(exc))
+                return
+            self._counts.published += 1
+            self._counts.in_flight += 1
+            return
+
+    def _wait_for_room(self, record: Record, deadline: float, waited: bool) -> bool:
+        if not waited:
+            self._counts.backpressure_waits += 1
+        now = self._clock()
+        if now >= deadline:
+            queued = len(self._producer)
+            waited_s = self.config.backpressure_timeout_s
+            raise PublishBackpressureError(record.request_id, waited_s, queued)
+        self._producer.poll(min(BACKPRESSURE_POLL_S, deadline - now))
+        return True
+
+    # delivery reports ---------------------------------------------------------------------------
+    def _report(self, record: Record, produced_at: float) -> Callable[[Any, Any], None]:
+        def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+            self._counts.in_flight -= 1
+            if err is None:
+                self._counts.delivered += 1
+                self._counts.latency_ms.append((self._clock() - produced_at) * 1000.0)
+            else:
+                self._fail(record, err)
+
+        return on_delivery
+
+    def _fail(self, record: Record, err: KafkaError) -> None:
+        failure = _failure(record, err)
+        self._counts.failed += 1
+        self.failures.append(failure)
+        if self._on_failure is not None:
+            self._on_failure(failure)
+
+    def _on_client_error(self, err: KafkaError) -> None:
+        self._counts.client_errors += 1
+        self.last_client_error = f"{err.name()}: {err.str()}"
+
+    # lifecycle ----------------------------------------------------------------------------------
+    def poll(self, timeout_s: float = 0.0) -> int:
+        """Serve delivery reports; returns how many were served."""
+        return int(self._producer.poll(timeout_s))
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait until everything queued is reported or the timeout; returns what is left."""
+        return int(self._producer.flush(timeout_s))
+
+    def close(self, timeout_s: float = 10.0) -> CloseReport:
+        """Flush with a timeout; records still queued then are purged and reported as failed."""
+        if self._closed:
+            return CloseReport(self._counts.delivered, self._counts.failed, 0)
+        self._closed = True
+        undelivered = self.flush(timeout_s)
+        if undelivered:
+            # Purged records get a delivery report (_PURGE_QUEUE / _PURGE_INFLIGHT), so each one
+            # lands in `failures` with its position. An in-flight one may still have been
+            # written: "not confirmed" is the honest report.
+            self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+            self._producer.flush(PURGE_REPORT_TIMEOUT_S)
+            KAFKA_LOGGER.error("closed with %d undelivered records", undelivered)
+        return CloseReport(self._counts.delivered, self._counts.failed, undelivered)
+
+    @property
+    def stats(self) -> PublisherStats:
+        counts = self._counts
+        return PublisherStats(
+            published=counts.published,
+            delivered=counts.delivered,
+            failed=counts.failed,
+            in_flight=counts.in_flight,
+            backpressure_waits=counts.backpressure_waits,
+            client_errors=counts.client_errors,
+            latency_ms=tuple(counts.latency_ms),
+        )
+
+    def __enter__(self) -> ChunkPublisher:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _kafka_error(exc: KafkaException) -> KafkaError:
+    first = exc.args[0] if exc.args else None
+    if isinstance(first, KafkaError):
+        return first
+    return KafkaError(KafkaError._FAIL, str(exc))
+
+
+def _failure(record: Record, err: KafkaError) -> DeliveryFailure:
+    if isinstance(record, CodecChunk):
+        kind, epoch, seq = "codec_chunk", record.cache_epoch, record.chunk_seq
+    else:
+        kind, epoch, seq = f"control_event:{record.kind.value}", None, None
+    return DeliveryFailure(
+        request_id=record.request_id,
+        kind=kind,
+        cache_epoch=epoch,
+        chunk_seq=seq,
+        error_name=err.name(),
+        error=err.str(),
+        retriable=err.retriable(),
+        fatal=err.fatal(),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-step talker API
+
+
+class RecordSink(Protocol):
+    """Where the talker's records go (a ChunkPublisher, or a list in tests)."""
+
+    def publish(self, record: Record) -> None: ...
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TalkerStats:
+    """What a Talker produced (the publisher's stats say what was delivered)."""
+
+    chunks: int  # codec chunk records handed to the sink
+    control_events: int
+    frames: int  # new codec ids sent (left context and placeholders excluded)
+    dropped_frames: int  # ids the windowing discarded (abort, re-admission, retired request)
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.frames * FRAME_SECONDS
+
+
+class Talker:
+    """Windowing + publishing per talker step, for any number of concurrent requests.
+
+    Call `step` once per talker step and request, as vllm-omni calls its async-chunk hook. The
+    state of every request lives here, explicitly; `forget` drops it when the request is gone.
+    """
+
+    def __init__(
+        self,
+        sink: RecordSink,
+        *,
+        producer_id: str = "",
+        config: WindowingConfig | None = None,
+        native_duplex: bool = False,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self._sink = sink
+        self.producer_id = producer_id
+        self.config = config or WindowingConfig()
+        self.native_duplex = native_duplex
+        self._clock_ms = clock_ms
+        self._states: dict[str, ProducerState] = {}
+        self._chunks = 0
+        self._controls = 0
+        self._frames = 0
+        self._dropped_by_forgotten = 0
+
+    def step(
+        self,
+        request_id: str,
+        codec_ids: Iterable[int] = (),
+        *,
+        segment_finished: bool = False,
+        turn_end: bool = False,
+        finished: bool = False,
+        aborted: bool = False,
+        text_utf8: bytes = b"",
+        duplex_epoch: int = -1,
+        duplex_turn_id: int = -1,
+        internal_request_id: str | None = None,
+        native_duplex: bool | None = None,
+        codec_frame_valid: Iterable[bool] | None = None,
+        ref_audio: bytes | None = None,
+        ref_audio_sr: int | None = None,
+    ) -> list[Record]:
+        """Window one talker step and publish the result; returns the records published."""
+        step_input = StepInput(
+            request_id=request_id,
+            codec_ids=tuple(int(code) for code in codec_ids),
+            now_ms=self._clock_ms(),
+            internal_request_id=internal_request_id,
+            segment_finished=segment_finished,
+            finished=finished,
+            turn_end=turn_end,
+            native_duplex=self.native_duplex if native_duplex is None else native_duplex,
+            aborted=aborted,
+            text_utf8=bytes(text_utf8),
+            duplex_epoch=duplex_epoch,
+            duplex_turn_id=duplex_turn_id,
+            codec_frame_valid=None if codec_frame_valid is None else tuple(codec_frame_valid),
+            ref_audio=ref_audio,
+            ref_audio_sr=ref_audio_sr,
+        )
+        return self.apply(step_input)
+
+    def apply(self, step_input: StepInput) -> list[Record]:
+        """`step` for a prepared StepInput (the synthetic talker builds these)."""
+        before = self._state(step_input.request_id)
+        after, chunks = step(before, step_input)
+        self._states[step_input.request_id] = after
+        records: list[Record] = [*chunks, *self._controls_for(before, after, step_input, chunks)]
+        for record in records:
+            self._sink.publish(record)
+        self._count(chunks, len(records) - len(chunks))
+        return records
+
+    def stream(self, request_id: str) -> TalkerStream:
+        """A handle bound to one request id."""
+        return TalkerStream(self, request_id)
+
+    def forget(self, request_id: str) -> None:
+        """Drop a finished request's state (call it from the engine's request-finished hook)."""
+        state = self._states.pop(request_id, None)
+        if state is not None:
+            self._dropped_by_forgotten += state.dropped_frames + len(state.codec.pending)
+
+    def state(self, request_id: str) -> ProducerState | None:
+        return self._states.get(request_id)
+
+    @property
+    def stats(self) -> TalkerStats:
+        dropped = self._dropped_by_forgotten
+        dropped += sum(state.dropped_frames for state in self._states.values())
+        return TalkerStats(self._chunks, self._controls, self._frames, dropped)
+
+    def _state(self, request_id: str) -> ProducerState:
+        state = self._states.get(request_id)
+        if state is None:
+            state = initial_state(request_id, producer_id=self.producer_id, config=self.config)
+        return state
+
+    def _controls_for(
+        self,
+        before: ProducerState,
+        after: ProducerState,
+        step_input: StepInput,
+        chunks: list[CodecChunk],
+    ) -> list[ControlEvent]:
+        internal_id = step_input.internal_request_id or step_input.request_id
+        if before.is_retired(internal_id):
+            return []  # a stale request: the upstream publishes nothing for it, nor do we
+        if step_input.aborted:
+            # The consumer may hold frames of this stream; only the talker knows they are dead.
+            return [self._control(step_input, ControlKind.ABORT, "aborted")]
+        if _leaves_stream_open(after, step_input, chunks):
+            # A duplex request that finishes outside a turn end sent no last_chunk; upstream
+            # Code2Wav frees such a stream in on_requests_finished. On the log, FINISH does that.
+            return [self._control(step_input, ControlKind.FINISH, "request finished")]
+        return []
+
+    def _control(self, step_input: StepInput, kind: ControlKind, reason: str) -> ControlEvent:
+        return ControlEvent(
+            request_id=step_input.request_id,
+            kind=kind,
+            reason=reason,
+            produced_at_ms=step_input.now_ms,
+            producer_id=self.producer_id,
+        )
+
+    def _count(self, chunks: list[CodecChunk], controls: int) -> None:
+        self._chunks += len(chunks)
+        self._controls += controls
+        self._frames += sum(len(new_ids(chunk)) for chunk in chunks)
+
+
+def _leaves_stream_open(
+    after: ProducerState, step_input: StepInput, chunks: list[CodecChunk]
+) -> bool:
+    if not step_input.finished or any(chunk.last_chunk for chunk in chunks):
+        return False
+    return after.chunk_seq > 0  # this epoch has records on the log that no last_chunk closed
+
+
+class TalkerStream:
+    """`Talker.step` bound to one request id."""
+
+    def __init__(self, talker: Talker, request_id: str) -> None:
+        self.talker = talker
+        self.request_id = request_id
+
+    def step(self, codec_ids: Iterable[int] = (), **fields: Any) -> list[Record]:
+        return self.talker.step(self.request_id, codec_ids, **fields)
