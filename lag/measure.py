@@ -1,0 +1,462 @@
+"""Lag measurements on a real cluster: offsets, time lag and audio lag for one group and topic.
+
+What is read, per partition of the topic, in one `measure()` call:
+
+* committed offset: `AdminClient.list_consumer_group_offsets` (negative = none: None here);
+* end offset: the **last stable offset** (`list_offsets(..., isolation_level=READ_COMMITTED)`),
+  because the vocoder reads read_committed: against the high watermark a fully consumed
+  transactional topic would show lag 1 (the commit marker; librdkafka #2539, klag-exporter #104);
+* earliest offset (`OffsetSpec.earliest()`), exported as `kafka_partition_earliest_offset`;
+* group state and members (`describe_consumer_groups`), so an empty group is visible and each
+  partition is known to be held by a live member or not (STOP vs STALL in the evaluator).
+
+Lag counts the records a read_committed consumer still has to read: LSO - committed, except
+that when the head reader (below) reaches the end it counts the visible records exactly. This
+matters on transactional input: right after the last record of a transaction, position() still
+points at the commit marker until the consumer's next fetch steps over it (checked on Kafka
+4.3.1 / librdkafka 2.16: record 10 consumed, position 11; after one more poll, 12). A consumer
+that commits position() only together with its outputs would otherwise show lag 1 forever once
+the topic goes idle, and the evaluator would call it STALL.
+
+Time lag is read, not interpolated (kafka.md C.3): for each lagging partition a short-lived
+read_committed consumer `assign()`s the committed offset and reads the first visible record;
+time lag = now - that record's timestamp (clamped at 0). A caught-up partition has time lag 0.
+If the reader reaches the end without a visible record (only commit markers or aborted records
+are left) both time and audio lag are 0: nothing is waiting to be vocoded.
+
+Audio lag estimates the seconds of codec frames in records not yet vocoded. The reader reads at
+most `read_records` (K) records from the committed offset and counts each record's new frames
+(`codec_chunk_frames`, else frames minus `codec_left_context_frames`; control events and
+undecodable records count 0). If it reached the end of the partition, the sum is exact;
+otherwise audio lag = mean new frames per record read x offset lag x 40 ms. Cost is bounded:
+at most K records per lagging partition per measurement, and none when the cached read for the
+same committed offset is still valid (it read K records, or the end offset has not moved).
+
+Error of the audio estimate, stated so nobody mistakes it for exact:
+* sampling: only the oldest K records are decoded; if the frames per record of the rest differ
+  (a burst of short first chunks, long idle turn ends) the estimate is off by that difference
+  times the records not read; with 25-frame chunks and K = 64 it is typically within 10 %;
+* transaction markers and aborted records occupy offsets but carry no frames: the offset lag
+  overcounts them, so the estimate is high by at most (markers + aborted) / lag (one marker per
+  transaction, so about 1 / records per transaction);
+* frames the consumer has already consumed but holds because a window was too short (at most
+  L = 3 per request, fold rule A4) are not counted: low by at most 0.12 s per open request.
+
+Unknown values are None, never NaN: the exporter turns None into an absent series.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    ConsumerGroupState,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from codeclog.errors import CodeclogError
+from lag.evaluator import offset_lag
+from schemas import wire
+from schemas.records import FRAME_SECONDS, CodecChunk
+
+DEFAULT_READ_RECORDS = 64  # K: records decoded per lagging partition for the audio estimate
+DEFAULT_TIMEOUT_S = 10.0  # admin requests
+DEFAULT_READ_TIMEOUT_S = 3.0  # the head reader, all partitions together
+
+FramesOf = Callable[[bytes | None], int]
+
+
+def quiet(client_config: Mapping[str, str]) -> dict[str, str]:
+    """librdkafka logs every failed connect to stderr; the one-sentence error says it better.
+
+    Level 2 (critical) like `codeclog topics`; a log_level in the user's config wins.
+    """
+    return {"log_level": "2", **client_config}
+
+
+class MeasureError(CodeclogError):
+    """The cluster could not be asked (unreachable, unknown topic, request failed)."""
+
+
+def new_frames(chunk: CodecChunk) -> int:
+    """Frames a chunk adds to the stream: its new ids, not the repeated left context."""
+    if chunk.codec_chunk_frames > 0:
+        return chunk.codec_chunk_frames
+    return max(0, chunk.frames - chunk.codec_left_context_frames)
+
+
+def wire_frames_of(value: bytes | None) -> int:
+    """New codec frames of a chunk-topic record value; 0 for control events and bad records."""
+    try:
+        record = wire.decode(value)
+    except wire.DecodeError:
+        return 0  # dead-lettered by the consumer: it will never become audio
+    return new_frames(record) if isinstance(record, CodecChunk) else 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PartitionMeasurement:
+    """One partition of the measured topic for the measured group."""
+
+    partition: int
+    committed_offset: int | None  # None: the group has no committed offset here
+    earliest_offset: int | None
+    end_offset: int | None  # last stable offset
+    lag: int | None  # records still to read (see `visible_lag`)
+    time_lag_s: float | None
+    audio_lag_s: float | None
+    owned: bool | None  # a live member holds it; None when the group could not be described
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupMeasurement:
+    """Everything measured for (group, topic) at `observed_at_ms`."""
+
+    group: str
+    topic: str
+    observed_at_ms: int
+    state: str | None  # ConsumerGroupState name (STABLE, EMPTY, DEAD, ...); None: unknown
+    member_count: int | None  # None when the group could not be described
+    partitions: tuple[PartitionMeasurement, ...]
+    poll_time_ms: float  # how long the measurement took
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeadRead:
+    """What the reader saw from a committed offset onwards (cached per partition and offset)."""
+
+    committed_offset: int
+    end_offset: int  # the LSO when it was read: a later read with the same end is identical
+    first_timestamp_ms: int | None  # of the first visible record; None: none or no timestamp
+    records: int  # visible records read
+    frames: int  # new codec frames in them
+    reached_end: bool  # the reader saw the partition's end: `frames` is the exact total
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeadRequest:
+    partition: int
+    committed_offset: int
+    end_offset: int
+    want_records: int
+
+
+def visible_lag(offsets_lag: int, head: HeadRead | None) -> int:
+    """Records a read_committed consumer still has to read.
+
+    The offset lag also counts commit markers and aborted records. When the reader reached the
+    end it knows the visible records exactly; in particular a consumer whose committed offset
+    points at a trailing commit marker (it committed position() right after the last record,
+    before its fetcher stepped over the marker) has nothing left to read: lag 0, not 1.
+    """
+    if head is not None and head.reached_end:
+        return min(offsets_lag, head.records)
+    return offsets_lag
+
+
+def time_lag_s(head: HeadRead, lag: int, now_ms: int) -> float | None:
+    if lag == 0 or (head.records == 0 and head.reached_end):
+        return 0.0
+    if head.first_timestamp_ms is None:
+        return None
+    return max(0.0, (now_ms - head.first_timestamp_ms) / 1000.0)
+
+
+def audio_lag_s(head: HeadRead, lag: int) -> float | None:
+    if lag == 0:
+        return 0.0
+    if head.reached_end:  # every visible record was read: the sum is exact
+        return head.frames * FRAME_SECONDS
+    if head.records == 0:
+        return None
+    return head.frames / head.records * lag * FRAME_SECONDS
+
+
+def _reason(exc: KafkaException) -> str:
+    error = exc.args[0] if exc.args else None
+    return str(error.str()) if isinstance(error, KafkaError) else str(exc)
+
+
+def _result(future: Future[Any], what: str, timeout_s: float) -> Any:
+    try:
+        return future.result(timeout=timeout_s)
+    except KafkaException as exc:
+        raise MeasureError(f"cannot {what}: {_reason(exc)}") from exc
+    except TimeoutError as exc:
+        raise MeasureError(f"cannot {what}: no answer within {timeout_s:g} s") from exc
+
+
+class HeadReader:
+    """Reads the first records after committed offsets with a short-lived consumer per call."""
+
+    def __init__(
+        self,
+        client_config: Mapping[str, str],
+        frames_of: FramesOf,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = dict(client_config)
+        self._frames_of = frames_of
+        self._read_timeout_s = read_timeout_s
+        self._monotonic = monotonic
+
+    def read(self, topic: str, requests: Sequence[HeadRequest]) -> dict[int, HeadRead]:
+        """One HeadRead per request that got a visible record or reached the end."""
+        if not requests:
+            return {}
+        consumer = Consumer(self._consumer_config())
+        try:
+            consumer.assign(
+                [TopicPartition(topic, r.partition, r.committed_offset) for r in requests]
+            )
+            return self._collect(consumer, topic, {r.partition: r for r in requests})
+        finally:
+            consumer.close()
+
+    def _consumer_config(self) -> dict[str, Any]:
+        return {
+            **self._config,
+            # a throw-away id: the reader never commits, so the group never exists on the broker
+            "group.id": f"codeclog-lag-reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",  # a committed offset lost to retention
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 50,
+        }
+
+    def _collect(
+        self, consumer: Consumer, topic: str, pending: dict[int, HeadRequest]
+    ) -> dict[int, HeadRead]:
+        seen: dict[int, list[Message]] = {p: [] for p in pending}
+        done: dict[int, HeadRead] = {}
+        deadline = self._monotonic() + self._read_timeout_s
+        while pending and self._monotonic() < deadline:
+            for message in consumer.consume(num_messages=500, timeout=0.1):
+                self._take(consumer, topic, message, pending, seen, done)
+        for partition in pending:  # out of time: keep what was read, if anything
+            if seen[partition]:
+                done[partition] = self._head(pending[partition], seen[partition], False)
+        return done
+
+    def _take(
+        self,
+        consumer: Consumer,
+        topic: str,
+        message: Message,
+        pending: dict[int, HeadRequest],
+        seen: dict[int, list[Message]],
+        done: dict[int, HeadRead],
+    ) -> None:
+        partition = message.partition()
+        if partition not in pending:
+            return
+        error = message.error()
+        if error is not None and error.code() != KafkaError._PARTITION_EOF:
+            return  # transient fetch errors: the deadline bounds the wait
+        if error is None:
+            seen[partition].append(message)
+        at_end = error is not None
+        if at_end or len(seen[partition]) >= pending[partition].want_records:
+            done[partition] = self._head(pending.pop(partition), seen[partition], at_end)
+            consumer.pause([TopicPartition(topic, partition)])
+
+    def _head(self, request: HeadRequest, messages: list[Message], at_end: bool) -> HeadRead:
+        first_ts: int | None = None
+        if messages:
+            ts_type, ts_ms = messages[0].timestamp()
+            first_ts = None if ts_type == TIMESTAMP_NOT_AVAILABLE or ts_ms < 0 else ts_ms
+        return HeadRead(
+            committed_offset=request.committed_offset,
+            end_offset=request.end_offset,
+            first_timestamp_ms=first_ts,
+            records=len(messages),
+            frames=sum(self._frames_of(m.value()) for m in messages),
+            reached_end=at_end,
+        )
+
+
+class LagMeasurer:
+    """Measures (group, topic) lag with one AdminClient; caches head reads between calls."""
+
+    def __init__(
+        self,
+        client_config: Mapping[str, str],
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        read_records: int = DEFAULT_READ_RECORDS,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        frames_of: FramesOf = wire_frames_of,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if read_records < 1:
+            raise MeasureError(f"read_records must be >= 1, got {read_records}")
+        client_config = quiet(client_config)
+        try:
+            self._admin = AdminClient(dict(client_config))
+        except KafkaException as exc:  # e.g. an unknown property in --kafka-config
+            raise MeasureError(f"invalid Kafka client configuration: {_reason(exc)}") from exc
+        self._timeout_s = timeout_s
+        self._read_records = read_records
+        self._monotonic = monotonic
+        self._reader = HeadReader(client_config, frames_of, read_timeout_s, monotonic)
+        self._heads: dict[tuple[str, int], HeadRead] = {}
+
+    def close(self) -> None:
+        self._heads.clear()  # AdminClient has no close(); dropping the reference frees it
+
+    def measure(self, group: str, topic: str, now_ms: int) -> GroupMeasurement:
+        started = self._monotonic()
+        partitions = self.partitions(topic)
+        committed = self.committed_offsets(group, topic, partitions)
+        earliest = self.offsets(topic, partitions, OffsetSpec.earliest())
+        end = self.offsets(topic, partitions, OffsetSpec.latest())
+        state, members, owned = self.describe(group, topic)
+        heads = self._heads_for(topic, partitions, committed, end)
+        rows = tuple(
+            self._partition(p, committed, earliest, end, owned, heads, now_ms) for p in partitions
+        )
+        poll_time_ms = (self._monotonic() - started) * 1000.0
+        return GroupMeasurement(group, topic, now_ms, state, members, rows, poll_time_ms)
+
+    def partitions(self, topic: str) -> list[int]:
+        try:
+            metadata = self._admin.list_topics(topic, timeout=self._timeout_s)
+        except KafkaException as exc:
+            raise MeasureError(f"cannot reach the cluster: {_reason(exc)}") from exc
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            raise MeasureError(
+                f"topic {topic!r} does not exist (create it with `codeclog topics create`)"
+            )
+        return sorted(found.partitions)
+
+    def committed_offsets(
+        self, group: str, topic: str, partitions: Iterable[int]
+    ) -> dict[int, int | None]:
+        request = ConsumerGroupTopicPartitions(
+            group, [TopicPartition(topic, p) for p in partitions]
+        )
+        futures = self._admin.list_consumer_group_offsets(
+            [request], request_timeout=self._timeout_s
+        )
+        result = _result(futures[group], f"list the offsets of group {group!r}", self._timeout_s)
+        offsets: dict[int, int | None] = {}
+        for tp in result.topic_partitions:
+            offsets[tp.partition] = tp.offset if tp.offset >= 0 and tp.error is None else None
+        return offsets
+
+    def offsets(
+        self, topic: str, partitions: Iterable[int], spec: OffsetSpec
+    ) -> dict[int, int | None]:
+        request = {TopicPartition(topic, p): spec for p in partitions}
+        futures = self._admin.list_offsets(
+            request,
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=self._timeout_s,
+        )
+        offsets: dict[int, int | None] = {}
+        for tp, future in futures.items():
+            info = _result(future, f"list the offsets of {topic}[{tp.partition}]", self._timeout_s)
+            offsets[tp.partition] = info.offset if info.offset >= 0 else None
+        return offsets
+
+    def describe(self, group: str, topic: str) -> tuple[str | None, int | None, set[int] | None]:
+        """(state, member count, partitions of `topic` held by members); Nones when unknown.
+
+        Some clusters (librdkafka's mock) cannot describe groups; lag is still measurable, so
+        this degrades to unknown instead of failing the measurement.
+        """
+        futures = self._admin.describe_consumer_groups([group], request_timeout=self._timeout_s)
+        try:
+            description = futures[group].result(timeout=self._timeout_s)
+        except (KafkaException, TimeoutError):
+            return None, None, None
+        owned = {
+            tp.partition
+            for member in description.members
+            for tp in member.assignment.topic_partitions
+            if tp.topic == topic
+        }
+        return _state_name(description.state), len(description.members), owned
+
+    def _heads_for(
+        self,
+        topic: str,
+        partitions: Sequence[int],
+        committed: Mapping[int, int | None],
+        end: Mapping[int, int | None],
+    ) -> dict[int, HeadRead]:
+        requests: list[HeadRequest] = []
+        heads: dict[int, HeadRead] = {}
+        for p in partitions:
+            c, e = committed.get(p), end.get(p)
+            if c is None or e is None or e <= c:
+                self._heads.pop((topic, p), None)
+                continue
+            cached = self._heads.get((topic, p))
+            if cached is not None and self._still_valid(cached, c, e):
+                heads[p] = cached
+            else:
+                requests.append(HeadRequest(p, c, e, min(self._read_records, e - c)))
+        for p, head in self._reader.read(topic, requests).items():
+            self._heads[(topic, p)] = head
+            heads[p] = head
+        return heads
+
+    def _still_valid(self, cached: HeadRead, committed: int, end: int) -> bool:
+        if cached.committed_offset != committed:
+            return False
+        return cached.end_offset == end or cached.records >= self._read_records
+
+    @staticmethod
+    def _partition(
+        p: int,
+        committed: Mapping[int, int | None],
+        earliest: Mapping[int, int | None],
+        end: Mapping[int, int | None],
+        owned: set[int] | None,
+        heads: Mapping[int, HeadRead],
+        now_ms: int,
+    ) -> PartitionMeasurement:
+        c, e = committed.get(p), end.get(p)
+        lag = offset_lag(c, e)
+        head = heads.get(p)
+        t_lag = a_lag = None
+        if lag is not None:
+            lag = visible_lag(lag, head)
+        if lag == 0:
+            t_lag = a_lag = 0.0
+        elif lag is not None and head is not None:
+            t_lag, a_lag = time_lag_s(head, lag, now_ms), audio_lag_s(head, lag)
+        return PartitionMeasurement(
+            partition=p,
+            committed_offset=c,
+            earliest_offset=earliest.get(p),
+            end_offset=e,
+            lag=lag,
+            time_lag_s=t_lag,
+            audio_lag_s=a_lag,
+            owned=None if owned is None else p in owned,
+        )
+
+
+def _state_name(state: ConsumerGroupState | str | int | None) -> str | None:
+    if isinstance(state, ConsumerGroupState):
+        return state.name
+    return None if state is None else str(state)

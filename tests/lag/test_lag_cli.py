@@ -1,0 +1,97 @@
+"""`codeclog lag` / `codeclog lag-exporter` argument handling (no cluster needed)."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+
+import pytest
+
+from codeclog.commands import lag as lag_command
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="codeclog")
+    lag_command.register(root.add_subparsers(dest="command"))
+    return root
+
+
+def test_defaults() -> None:
+    args = parser().parse_args(["lag"])
+    assert args.group == "codeclog-vocoder"
+    assert args.samples == 1 and not args.check and not args.watch
+    config = lag_command.evaluator_config(args)
+    assert config.window_samples == 10 and config.stuck_after_ms == 30_000
+
+
+def test_exporter_defaults_and_repeated_groups() -> None:
+    args = parser().parse_args(["lag-exporter", "--group", "a", "--group", "b"])
+    assert args.port == 9310 and args.groups == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["lag", "--check", "--watch"],
+        ["lag", "--samples", "0"],
+        ["lag", "--interval", "0"],
+        ["lag", "--read-records", "-1"],
+    ],
+    ids=["check_and_watch", "zero_samples", "zero_interval", "negative_read_records"],
+)
+def test_refused_arguments(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parser().parse_args(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["lag", "lag-exporter"])
+def test_help_teaches(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args([command, "--help"])
+    out = capsys.readouterr().out
+    assert "example" in out and "--group" in out
+
+
+def test_bad_rule_settings_are_one_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parser().parse_args(["lag", "--window", "1", "--bootstrap", "127.0.0.1:1"])
+    assert args.func(args) == lag_command.EXIT_UNMEASURED
+    err = capsys.readouterr().err
+    assert err.startswith("codeclog lag: window_samples must be >= 2") and "Traceback" not in err
+
+
+def test_unreachable_cluster_is_one_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parser().parse_args(["lag", "--bootstrap", "127.0.0.1:1", "--timeout-s", "0.5"])
+    assert args.func(args) == lag_command.EXIT_UNMEASURED
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("codeclog lag: cannot reach the cluster")
+    assert "\n" not in err
+
+
+def test_bad_client_property_is_one_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    properties = tmp_path / "client.properties"
+    properties.write_text("no.such.property=1\n")
+    argv = ["lag", "--bootstrap", "127.0.0.1:1", "--kafka-config", str(properties)]
+    args = parser().parse_args(argv)
+    assert args.func(args) == lag_command.EXIT_UNMEASURED
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("codeclog lag: invalid Kafka client configuration")
+        and "Traceback" not in err
+    )
+
+
+def test_port_in_use_is_one_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = ["lag-exporter", "--bootstrap", "127.0.0.1:1", "--address", "127.0.0.1"]
+        args = parser().parse_args([*argv, "--port", str(port), "--samples", "1"])
+        assert args.func(args) == lag_command.EXIT_UNMEASURED
+    err = capsys.readouterr().err
+    assert err.startswith(f"codeclog lag-exporter: cannot serve metrics on 127.0.0.1:{port}")

@@ -1,0 +1,269 @@
+"""Lag monitoring on the real local broker: STOP, recovery, REWIND, transactional LSO, exporter.
+
+The consumer under watch is a plain confluent-kafka consumer committing offsets on a chunk topic
+filled with CodecChunk records (schemas.wire, 25 new frames = 1 s of audio each). The monitor's
+clock is injected: samples are taken back to back but stamped STEP_MS apart, so a window that
+would need a minute of wall time takes a second.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from codeclog import cli
+from lag.evaluator import EvaluatorConfig, GroupStatus, PartitionStatus, Rule
+from lag.exporter import LagCollector, sample_all, serve
+from lag.monitor import LagMonitor
+from schemas import wire
+from schemas.records import CodecChunk
+
+pytestmark = pytest.mark.kafka
+
+STEP_MS = 10_000
+CHUNK_FRAMES = 25
+CONFIG = EvaluatorConfig(
+    window_samples=4, stuck_after_ms=25_000, warn_growth_records=5, warn_min_samples=3
+)
+
+
+def chunk_value(seq: int) -> bytes:
+    codes = tuple(range(CHUNK_FRAMES + 3))
+    chunk = CodecChunk(
+        "req-1",
+        codes,
+        chunk_seq=seq,
+        codec_chunk_frames=CHUNK_FRAMES,
+        codec_left_context_frames=3 if seq else 0,
+    )
+    return wire.encode(chunk)
+
+
+@pytest.fixture
+def topic(kafka_bootstrap: str, unique_name: Callable[[str], str]) -> Iterator[str]:
+    name = unique_name("lag-chunks")
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)])[name].result(30)
+    yield name
+    admin.delete_topics([name])
+
+
+def produce(bootstrap: str, topic: str, first_seq: int, count: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for seq in range(first_seq, first_seq + count):
+        producer.produce(topic, chunk_value(seq), key=b"req-1", partition=0)
+    assert producer.flush(10) == 0
+
+
+def consume_all(
+    bootstrap: str, topic: str, group: str, expected: int, step_over_markers: bool = True
+) -> Consumer:
+    """A subscribed consumer that has read `expected` records and committed its position."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([topic])
+    read, deadline = 0, time.monotonic() + 30
+    while read < expected and time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is not None and message.error() is None:
+            read += 1
+    assert read == expected
+    if step_over_markers:
+        _step_over_markers(consumer, deadline)
+    positions = consumer.position(consumer.assignment())
+    consumer.commit(offsets=positions, asynchronous=False)  # position(), never offset() + 1
+    return consumer
+
+
+def _step_over_markers(consumer: Consumer, deadline: float) -> None:
+    """Poll until position() reaches the LSO: the fetcher skips a trailing commit marker only
+    when it fetches it, so right after the last record position() may still point at it."""
+    for tp in consumer.assignment():
+        _low, lso = consumer.get_watermark_offsets(tp, timeout=10)  # read_committed: the LSO
+        while consumer.position([tp])[0].offset < lso and time.monotonic() < deadline:
+            assert consumer.poll(0.1) is None
+
+
+class Clock:
+    """The injected clock: starts at the wall clock, advances only when told."""
+
+    def __init__(self) -> None:
+        self.now_ms = int(time.time() * 1000)
+
+    def tick(self) -> int:
+        self.now_ms += STEP_MS
+        return self.now_ms
+
+
+def test_stopped_consumer_turns_stop_with_rising_lags_then_recovers(
+    kafka_bootstrap: str, topic: str, unique_name: Callable[[str], str]
+) -> None:
+    group = unique_name("lag-group")
+    produce(kafka_bootstrap, topic, 0, 10)
+    consumer = consume_all(kafka_bootstrap, topic, group, 10)
+    monitor = LagMonitor({"bootstrap.servers": kafka_bootstrap}, group, topic, config=CONFIG)
+    clock = Clock()
+    try:
+        live = monitor.sample(clock.now_ms)
+        assert live.status is GroupStatus.OK and live.member_count == 1
+        assert live.partition(0).lag == 0 and live.partition(0).owned is True
+        consumer.close()  # the consumer stops: it leaves the group, the talker keeps producing
+        reports = []
+        for step in range(5):
+            produce(kafka_bootstrap, topic, 10 + 3 * step, 3)
+            reports.append(monitor.sample(clock.tick()))
+        rows = [r.partition(0) for r in reports]
+        assert [r.lag for r in rows] == [3, 6, 9, 12, 15]  # recomputed at every sample
+        times = [r.time_lag_s or 0.0 for r in rows]
+        audio = [r.audio_lag_s for r in rows]
+        assert all(r.time_lag_s is not None for r in rows) and times == sorted(times)
+        assert times[-1] - times[0] >= 3.5 * STEP_MS / 1000  # rising with the clock
+        assert audio == pytest.approx([3.0, 6.0, 9.0, 12.0, 15.0])  # 1 s of audio per chunk
+        assert rows[0].status is PartitionStatus.OK  # caught up one sample ago
+        assert rows[-1].status is PartitionStatus.STOP and rows[-1].owned is False
+        assert reports[-1].status is GroupStatus.ERR
+        assert reports[-1].member_count == 0 and reports[-1].state == "EMPTY"
+
+        resumed = consume_all(kafka_bootstrap, topic, group, 15)
+        try:
+            back = monitor.sample(clock.tick())
+        finally:
+            resumed.close()
+        assert back.partition(0).lag == 0
+        assert back.partition(0).rule is Rule.WITHIN_ALLOWED_LAG
+        assert back.status is GroupStatus.OK
+    finally:
+        monitor.close()
+
+
+def test_offset_reset_backwards_is_rewind(
+    kafka_bootstrap: str, topic: str, unique_name: Callable[[str], str]
+) -> None:
+    group = unique_name("lag-group")
+    produce(kafka_bootstrap, topic, 0, 20)
+    consume_all(kafka_bootstrap, topic, group, 20).close()
+    monitor = LagMonitor({"bootstrap.servers": kafka_bootstrap}, group, topic, config=CONFIG)
+    clock = Clock()
+    try:
+        assert monitor.sample(clock.now_ms).status is GroupStatus.OK
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        reset = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0, 5)])
+        admin.alter_consumer_group_offsets([reset])[group].result(30)  # like --reset-offsets
+        report = monitor.sample(clock.tick())
+    finally:
+        monitor.close()
+    row = report.partition(0)
+    assert (row.committed_offset, row.lag) == (5, 15)
+    assert row.status is PartitionStatus.REWIND
+    assert report.status is GroupStatus.ERR
+
+
+@pytest.mark.parametrize(
+    ("step_over_markers", "committed"),
+    [(True, 12), (False, 11)],
+    ids=["position_past_the_marker", "position_still_at_the_marker"],
+)
+def test_fully_consumed_transactional_topic_has_lag_zero(
+    kafka_bootstrap: str,
+    topic: str,
+    unique_name: Callable[[str], str],
+    step_over_markers: bool,
+    committed: int,
+) -> None:
+    group = unique_name("lag-group")
+    producer = Producer(
+        {"bootstrap.servers": kafka_bootstrap, "transactional.id": unique_name("lag-txn")}
+    )
+    producer.init_transactions(30)
+    for batch in range(2):  # two committed transactions: 10 records and 2 commit markers
+        producer.begin_transaction()
+        for seq in range(5):
+            producer.produce(topic, chunk_value(5 * batch + seq), key=b"req-1", partition=0)
+        producer.commit_transaction(30)
+    consume_all(kafka_bootstrap, topic, group, 10, step_over_markers).close()
+    open_txn = Producer(
+        {"bootstrap.servers": kafka_bootstrap, "transactional.id": unique_name("lag-open")}
+    )
+    open_txn.init_transactions(30)
+    open_txn.begin_transaction()  # an open transaction: past the LSO, invisible to the vocoder
+    for seq in range(3):
+        open_txn.produce(topic, chunk_value(10 + seq), key=b"req-1", partition=0)
+    open_txn.flush(10)
+    monitor = LagMonitor({"bootstrap.servers": kafka_bootstrap}, group, topic, config=CONFIG)
+    try:
+        report = monitor.sample(int(time.time() * 1000))
+    finally:
+        monitor.close()
+        open_txn.abort_transaction(30)
+    row = report.partition(0)
+    high_watermark = _high_watermark(kafka_bootstrap, topic)
+    # records at 0-4 and 6-10, commit markers at 5 and 11; position() is 11 until the
+    # consumer's next fetch steps over the last marker
+    assert row.committed_offset == committed
+    assert row.end_offset == 12
+    assert high_watermark > row.end_offset  # the open transaction is above the LSO
+    assert (row.lag, row.time_lag_s, row.audio_lag_s) == (0, 0.0, 0.0)
+    assert report.status is GroupStatus.OK
+
+
+def _high_watermark(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"hwm-{uuid.uuid4().hex}"})
+    try:
+        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
+    return int(high)
+
+
+def test_exporter_serves_lag_metrics(
+    kafka_bootstrap: str, topic: str, unique_name: Callable[[str], str]
+) -> None:
+    group = unique_name("lag-group")
+    produce(kafka_bootstrap, topic, 0, 4)
+    consume_all(kafka_bootstrap, topic, group, 4).close()
+    produce(kafka_bootstrap, topic, 4, 2)  # two chunks (2 s of audio) not yet consumed
+    monitor = LagMonitor({"bootstrap.servers": kafka_bootstrap}, group, topic, config=CONFIG)
+    collector = LagCollector("test")
+    port = serve(collector, 0, "127.0.0.1")
+    try:
+        sample_all([monitor], collector, int(time.time() * 1000), lambda line: None)
+    finally:
+        monitor.close()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    labels = f'cluster_name="test",group="{group}",partition="0",topic="{topic}"'
+    assert f"kafka_consumergroup_group_lag{{{labels}}} 2.0" in text
+    assert f"codeclog_audio_lag_seconds{{{labels}}} 2.0" in text
+    assert f'codeclog_group_status{{cluster_name="test",group="{group}",status="OK"}} 1.0' in text
+    assert "NaN" not in text
+
+
+def test_lag_command_json(
+    kafka_bootstrap: str,
+    topic: str,
+    unique_name: Callable[[str], str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    group = unique_name("lag-group")
+    produce(kafka_bootstrap, topic, 0, 3)
+    consume_all(kafka_bootstrap, topic, group, 3).close()
+    argv = ["lag", "--bootstrap", kafka_bootstrap, "--group", group, "--topic", topic]
+    assert cli.main([*argv, "--json", "--check"]) == 0
+    decoded = json.loads(capsys.readouterr().out)
+    assert decoded["status"] == "OK" and decoded["partitions"][0]["lag"] == 0
+    assert cli.main([*argv, "--topic", unique_name("missing")]) == 3
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""Pure parts of lag.measure: frames per chunk, time lag and audio lag from a head read."""
+
+from __future__ import annotations
+
+import pytest
+
+from lag.measure import (
+    HeadRead,
+    audio_lag_s,
+    new_frames,
+    quiet,
+    time_lag_s,
+    visible_lag,
+    wire_frames_of,
+)
+from schemas import wire
+from schemas.records import CodecChunk, ControlEvent, ControlKind
+
+NEW_FRAMES = [
+    ("declared_chunk_frames", CodecChunk("r", tuple(range(28)), codec_chunk_frames=25), 25),
+    (
+        "context_subtracted_when_undeclared",
+        CodecChunk("r", tuple(range(28)), codec_left_context_frames=3),
+        25,
+    ),
+    ("first_window_without_context", CodecChunk("r", tuple(range(10))), 10),
+    ("boundary_placeholder", CodecChunk("r", (0,), code_flat_numel=0), 0),
+    (
+        "context_longer_than_window_clamps",
+        CodecChunk("r", (1, 2), codec_left_context_frames=3),
+        0,
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "chunk", "expected"), NEW_FRAMES, ids=[c[0] for c in NEW_FRAMES])
+def test_new_frames(name: str, chunk: CodecChunk, expected: int) -> None:
+    assert new_frames(chunk) == expected
+
+
+WIRE_FRAMES = [
+    ("codec_chunk", wire.encode(CodecChunk("r", tuple(range(28)), codec_chunk_frames=25)), 25),
+    ("control_event", wire.encode(ControlEvent("r", ControlKind.FINISH)), 0),
+    ("garbage_is_dead_lettered", b"\x00not avro", 0),
+    ("tombstone", None, 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"), WIRE_FRAMES, ids=[c[0] for c in WIRE_FRAMES]
+)
+def test_wire_frames_of(name: str, value: bytes | None, expected: int) -> None:
+    assert wire_frames_of(value) == expected
+
+
+NOW_MS = 1_700_000_010_000
+
+
+def head(
+    records: int, frames: int, reached_end: bool, ts: int | None = 1_700_000_000_000
+) -> HeadRead:
+    return HeadRead(100, 200, ts if records else None, records, frames, reached_end)
+
+
+LAGS = [
+    # name, head, offset lag, expected time lag s, expected audio lag s
+    ("caught_up", head(0, 0, True), 0, 0.0, 0.0),
+    ("sampled_extrapolates", head(4, 100, False), 40, 10.0, 40 * 25 * 0.04),
+    ("read_to_end_is_exact", head(3, 60, True), 5, 10.0, 60 * 0.04),
+    ("only_markers_left", head(0, 0, True), 1, 0.0, 0.0),
+    ("nothing_read_in_time", head(0, 0, False), 10, None, None),
+    ("no_timestamp", head(2, 50, False, ts=None), 10, None, 10.0),
+    ("clock_skew_clamps_at_zero", head(1, 25, False, ts=NOW_MS + 5_000), 10, 0.0, 10.0),
+]
+
+
+@pytest.mark.parametrize(("name", "read", "lag", "t_lag", "a_lag"), LAGS, ids=[c[0] for c in LAGS])
+def test_lags_from_head(
+    name: str, read: HeadRead, lag: int, t_lag: float | None, a_lag: float | None
+) -> None:
+    assert time_lag_s(read, lag, NOW_MS) == t_lag
+    got = audio_lag_s(read, lag)
+    assert got == (None if a_lag is None else pytest.approx(a_lag))
+
+
+def test_quiet_keeps_the_users_log_level() -> None:
+    assert quiet({"bootstrap.servers": "x"})["log_level"] == "2"
+    assert quiet({"bootstrap.servers": "x", "log_level": "7"})["log_level"] == "7"
+
+
+VISIBLE = [
+    ("no_head_read_keeps_offset_lag", 5, None, 5),
+    ("sampled_head_keeps_offset_lag", 50, head(4, 100, False), 50),
+    ("trailing_commit_marker_is_not_lag", 1, head(0, 0, True), 0),
+    ("markers_between_records_are_not_lag", 7, head(5, 125, True), 5),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "offsets", "read", "expected"), VISIBLE, ids=[c[0] for c in VISIBLE]
+)
+def test_visible_lag(name: str, offsets: int, read: HeadRead | None, expected: int) -> None:
+    assert visible_lag(offsets, read) == expected
