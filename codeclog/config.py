@@ -20,11 +20,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from codeclog.errors import CodeclogError
+
 ENV_BOOTSTRAP = "CODECLOG_BOOTSTRAP"
 ENV_DATA_DIR = "CODECLOG_DATA_DIR"
 
 
-class ConfigError(Exception):
+class ConfigError(CodeclogError):
     """A configuration value is missing, malformed or contradictory."""
 
 
@@ -151,7 +153,9 @@ def kafka_client_config(args: argparse.Namespace) -> dict[str, str]:
     path = getattr(args, "kafka_config", None)
     if path:
         config.update(read_properties(path))
-    config["bootstrap.servers"] = resolve_bootstrap(args)
+    explicit = getattr(args, "bootstrap", None) or os.environ.get(ENV_BOOTSTRAP)
+    if explicit or "bootstrap.servers" not in config:
+        config["bootstrap.servers"] = resolve_bootstrap(args)
     return config
 
 

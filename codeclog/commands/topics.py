@@ -1,0 +1,107 @@
+"""`codeclog topics create|list`: the codeclog topics on any Kafka cluster."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
+from codeclog.errors import CodeclogError
+from codeclog.topics import TopicMismatchError, create_topics, format_config, list_topics
+
+DESCRIPTION = """\
+Create and inspect the topics codeclog uses:
+  codec.chunks    codec chunks and control events, keyed by request id (8 partitions)
+  codec.audio     decoded audio chunks, keyed by request id (8 partitions)
+  codec.dlq       dead letters: refused records, whole (1 partition)
+  codec.progress  compacted (cleanup.policy=compact): per-request checkpoints (8 partitions)
+
+Names and partition counts come from --topics-config (a JSON object; unknown keys are refused).
+`create` is idempotent: topics that exist are kept. A topic that exists with fewer partitions
+than configured or with another cleanup.policy is reported and the command fails, since
+changing it would move keys between partitions.
+"""
+
+EPILOG = """\
+examples:
+  codeclog topics create                          # on the local broker (codeclog broker start)
+  codeclog topics create --bootstrap kafka:9092 --kafka-config client.properties
+  echo '{"partitions": 16}' > topics.json && codeclog topics create --topics-config topics.json
+  codeclog topics list --all                      # include __consumer_offsets and friends
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "topics",
+        help="create or list the codeclog topics",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest="topics_action", metavar="ACTION", required=True)
+    create = actions.add_parser(
+        "create", help="create missing topics, check existing ones", description=DESCRIPTION
+    )
+    _add_common(create)
+    create.set_defaults(func=_guarded(_create))
+    listing = actions.add_parser(
+        "list", help="list topics: partitions, replication, config", description=DESCRIPTION
+    )
+    _add_common(listing)
+    listing.add_argument("--all", action="store_true", help="include internal (__*) topics")
+    listing.set_defaults(func=_guarded(_list))
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    add_kafka_args(parser)
+    parser.add_argument(
+        "--timeout-s", type=float, default=30.0, help="admin request timeout (default 30)"
+    )
+
+
+def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Errors a user can cause become one sentence on stderr and a non-zero exit code."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except TopicMismatchError as exc:
+            for problem in exc.problems:
+                print(f"codeclog topics {args.topics_action}: {problem}", file=sys.stderr)
+            return 1
+        except (CodeclogError, ConfigError) as exc:
+            print(f"codeclog topics {args.topics_action}: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def _create(args: argparse.Namespace) -> int:
+    outcomes = create_topics(kafka_client_config(args), topics_config(args), args.timeout_s)
+    for outcome in outcomes:
+        spec = outcome.spec
+        print(
+            f"{outcome.action.value:<8} {spec.name} ({_partitions(spec.partitions)}, "
+            f"cleanup.policy={spec.cleanup_policy.value}): {spec.role}"
+        )
+    return 0
+
+
+def _partitions(count: int) -> str:
+    return f"{count} partition" + ("" if count == 1 else "s")
+
+
+def _list(args: argparse.Namespace) -> int:
+    infos = list_topics(kafka_client_config(args), args.timeout_s, include_internal=args.all)
+    rows = [("TOPIC", "PARTITIONS", "RF", "CONFIG")]
+    rows += [
+        (i.name, str(i.partitions), str(i.replication_factor), format_config(i)) for i in infos
+    ]
+    width = max(len(row[0]) for row in rows)
+    for name, partitions, replication, config in rows:
+        print(f"{name:<{width}}  {partitions:>10}  {replication:>2}  {config}")
+    if not infos:
+        print("(no topics; run `codeclog topics create`)", file=sys.stderr)
+    return 0
