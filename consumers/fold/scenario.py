@@ -1,0 +1,231 @@
+"""Human-readable captures: one JSON object per line, in arrival order (tests/data/scenarios/).
+
+A line is a codec chunk (the CodecChunk field names; a missing field takes the upstream default,
+which is how a capture that lost the producer metadata looks: `{"request_id": "b", "codes": [0]}`),
+a control event (`{"control": "abort" | "finish", "request_id": ...}`), or a comment
+(`{"comment": "..."}`, ignored; a `comment` key on any other line is ignored too). Blank lines are
+skipped. Anything else raises `ScenarioError` naming the file and line.
+
+Byte fields are written readably: `llm_output_text_utf8` as a string (stored UTF-8 encoded) or a
+list of byte values; `ref_audio` as a list of float samples (stored float32 little-endian).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import struct
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from codeclog.errors import CodeclogError
+from schemas.records import CodecChunk, ControlEvent, ControlKind
+
+Event = CodecChunk | ControlEvent
+COMMENT_KEY = "comment"
+CONTROL_KEY = "control"
+
+
+class ScenarioError(CodeclogError):
+    """A scenario line is not a valid event. `line` is 1-based (0: the file itself)."""
+
+    def __init__(self, path: str | Path, line: int, message: str) -> None:
+        self.path = str(path)
+        self.line = line
+        super().__init__(f"{path}:{line}: {message}" if line else f"{path}: {message}")
+
+
+class _FieldError(ValueError):
+    """A field value of the wrong type (turned into ScenarioError with the line number)."""
+
+
+def read_scenario(path: str | Path) -> list[Event]:
+    """Every event of a JSONL scenario file, in order."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(path, 0, f"cannot read scenario: {exc}") from exc
+    return parse_scenario(text.splitlines(), path)
+
+
+def parse_scenario(lines: Iterable[str], source: str | Path = "<scenario>") -> list[Event]:
+    events: list[Event] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            event = parse_line(line)
+        except _FieldError as exc:
+            raise ScenarioError(source, number, str(exc)) from None
+        if event is not None:
+            events.append(event)
+    return events
+
+
+def parse_line(line: str) -> Event | None:
+    """One event from one JSON line; None for a comment. Raises _FieldError (a ValueError)."""
+    try:
+        raw = json.loads(line)
+    except ValueError as exc:
+        raise _FieldError(f"not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise _FieldError(f"expected a JSON object, got {type(raw).__name__}")
+    raw.pop(COMMENT_KEY, None)
+    if not raw:
+        return None
+    if CONTROL_KEY in raw:
+        return _control(raw)
+    return _chunk(raw)
+
+
+def _check_keys(raw: dict[str, Any], known: Iterable[str], what: str) -> None:
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise _FieldError(f"unknown {what} field(s): {', '.join(unknown)}")
+
+
+def _control(raw: dict[str, Any]) -> ControlEvent:
+    _check_keys(
+        raw, (CONTROL_KEY, "request_id", "reason", "produced_at_ms", "producer_id"), "control"
+    )
+    kinds = {kind.value: kind for kind in ControlKind}
+    kind = raw[CONTROL_KEY]
+    if kind not in kinds:
+        raise _FieldError(f"control must be one of {', '.join(kinds)}, got {kind!r}")
+    return ControlEvent(
+        request_id=_get(raw, "request_id", _str, ""),
+        kind=kinds[kind],
+        reason=_get(raw, "reason", _str, ""),
+        produced_at_ms=_get(raw, "produced_at_ms", _int, 0),
+        producer_id=_get(raw, "producer_id", _str, ""),
+    )
+
+
+def _chunk(raw: dict[str, Any]) -> CodecChunk:
+    _check_keys(raw, _CHUNK_PARSERS, "codec chunk")
+    if "codes" not in raw:
+        raise _FieldError("a codec chunk needs `codes` (or write a control or comment line)")
+    values = {name: parse(raw[name]) for name, parse in _CHUNK_PARSERS.items() if name in raw}
+    values.setdefault("request_id", "")  # missing: the fold rejects it (S1/T1)
+    return CodecChunk(**values)
+
+
+def _get(raw: dict[str, Any], key: str, parse: Callable[[Any], Any], default: Any) -> Any:
+    return parse(raw[key]) if key in raw else default
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _FieldError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _FieldError(f"expected true or false, got {value!r}")
+    return value
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _FieldError(f"expected a string, got {value!r}")
+    return value
+
+
+def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else parse(value)
+
+
+def _duplex_id(value: Any) -> int:
+    """The upstream meta carries `int or None`; None means absent, i.e. -1."""
+    return -1 if value is None else _int(value)
+
+
+def _request_id(value: Any) -> str:
+    return "" if value is None else _str(value)
+
+
+def _codes(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise _FieldError(f"codes must be a list of integers, got {value!r}")
+    return tuple(_int(code) for code in value)
+
+
+def _text(value: Any) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, list) and all(0 <= _int(byte) <= 255 for byte in value):
+        return bytes(value)
+    raise _FieldError(f"llm_output_text_utf8 must be a string or a list of bytes, got {value!r}")
+
+
+def _samples(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise _FieldError(f"ref_audio must be a list of float samples, got {value!r}")
+    samples = [_float(sample) for sample in value]
+    return struct.pack(f"<{len(samples)}f", *samples)
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _FieldError(f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+_CHUNK_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "request_id": _request_id,
+    "codes": _codes,
+    "cache_epoch": _int,
+    "chunk_seq": _int,
+    "code_flat_numel": _optional(_int),
+    "codec_chunk_frames": _int,
+    "codec_left_context_frames": _int,
+    "last_chunk": _bool,
+    "tts_is_last_chunk": _bool,
+    "turn_end": _bool,
+    "duplex_epoch": _duplex_id,
+    "duplex_turn_id": _duplex_id,
+    "llm_output_text_utf8": _text,
+    "segment_end": _bool,
+    "ref_audio": _samples,
+    "ref_audio_sr": _optional(_int),
+    "prompt_cache_id": _optional(_str),
+    "produced_at_ms": _int,
+    "producer_id": _str,
+}
+
+
+def event_to_json(event: Event) -> dict[str, Any]:
+    """The scenario-line object of an event (the inverse of `parse_line`; defaults omitted)."""
+    if isinstance(event, ControlEvent):
+        line: dict[str, Any] = {CONTROL_KEY: event.kind.value, "request_id": event.request_id}
+        defaults = ControlEvent(event.request_id, event.kind)
+        extra = {k: getattr(event, k) for k in ("reason", "produced_at_ms", "producer_id")}
+        return line | {k: v for k, v in extra.items() if v != getattr(defaults, k)}
+    default = CodecChunk(request_id=event.request_id, codes=event.codes)
+    line = {"request_id": event.request_id, "codes": list(event.codes)}
+    for field in dataclasses.fields(CodecChunk):
+        value = getattr(event, field.name)
+        if field.name not in line and value != getattr(default, field.name):
+            line[field.name] = _json_value(field.name, value)
+    return line
+
+
+def _json_value(name: str, value: Any) -> Any:
+    if name == "llm_output_text_utf8":
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return list(value)
+    if name == "ref_audio" and value is not None:
+        return list(struct.unpack(f"<{len(value) // 4}f", value[: len(value) // 4 * 4]))
+    return value
+
+
+def write_scenario(path: str | Path, events: Iterable[Event]) -> None:
+    lines = [json.dumps(event_to_json(event), sort_keys=True) for event in events]
+    Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
