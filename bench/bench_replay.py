@@ -1,0 +1,127 @@
+"""State-only replay throughput: read a capture (Avro OCF) + wire decode + fold + report.
+
+A synthetic capture of realistic duplex sessions (consumers.fold.synth: 25-frame windows behind
+3 context frames, placeholders, short and exact-boundary finals; ~30 chunks per 4-turn session),
+interleaved and spread over 8 partitions by key, is written once; then the whole replay path
+(`replay.runner.replay` on `replay.inputs.load_input`, exactly what `codeclog replay --json`
+runs, minus printing) is timed, best of --repeat, with a breakdown of the same work stage by
+stage. Target: >= 100k events/s on a 2-core machine.
+
+    python bench/bench_replay.py                 # 1000 sessions, 8 partitions, tolerant
+    python bench/bench_replay.py --policy strict --sessions 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from consumers.fold.machine import FoldConfig, Policy
+from consumers.fold.report import build_report
+from consumers.fold.synth import realistic_events
+from replay.inputs import load_input
+from replay.runner import ReplayOptions, replay, report_json
+from replay.synthetic import metadata_for, records_from_events, write_capture
+from schemas.wire import decode
+
+TARGET_EVENTS_PER_S = 100_000
+
+
+def best_of(repeat: int, work: Callable[[], Any]) -> tuple[float, Any]:
+    """The fastest of `repeat` runs (seconds) and the last result."""
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = work()
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def cpu_calibration_s() -> float:
+    """Seconds for sum(range(10**7)): about 0.15-0.2 s on an idle 2020s x86 core. A bigger
+    number means the machine was busy and every rate below is low by about that ratio."""
+    best, _ = best_of(3, lambda: sum(range(10**7)))
+    return best
+
+
+def make_capture(path: Path, sessions: int, partitions: int, seed: int) -> int:
+    events = realistic_events(random.Random(seed), sessions=sessions, turns=4)
+    records = records_from_events(events, partitions=partitions)
+    write_capture(path, records, metadata_for(records, partitions=partitions))
+    return len(records)
+
+
+def measure(path: Path, policy: Policy, repeat: int) -> dict[str, float]:
+    options = ReplayOptions(policy)
+    whole_s, result = best_of(repeat, lambda: replay(load_input(path), options))
+    read_s, source = best_of(repeat, lambda: load_input(path))
+    decode_s, events = best_of(repeat, lambda: [decode(r.value) for r in source.records])
+    fold_s, _ = best_of(repeat, lambda: build_report(events, FoldConfig(policy=policy)))
+    json_s, _ = best_of(repeat, lambda: report_json(result.report))
+    return {
+        "calibration_s": cpu_calibration_s(),
+        "events": float(len(source.records)),
+        "whole_s": whole_s,
+        "read_s": read_s,
+        "decode_s": decode_s,
+        "fold_s": fold_s,
+        "json_s": json_s,
+    }
+
+
+def rate(events: float, seconds: float) -> str:
+    return f"{events / seconds:,.0f}/s" if seconds > 0 else "inf"
+
+
+def print_results(m: dict[str, float], args: argparse.Namespace, command: str) -> None:
+    events = m["events"]
+    stages = [("read OCF", "read_s"), ("wire decode", "decode_s"), ("fold + report", "fold_s")]
+    staged = sum(m[key] for _, key in stages)
+    print(
+        f"capture: {args.sessions} sessions, {int(events):,} events, {args.partitions} partitions"
+    )
+    print(f"cpu calibration: sum(range(10**7)) took {m['calibration_s']:.3f} s (idle: ~0.15 s)")
+    print(f"{'stage':<28}{'seconds':>10}{'events/s':>14}")
+    for label, key in stages:
+        print(f"{label:<28}{m[key]:>10.3f}{rate(events, m[key]):>14}")
+    overhead = max(m["whole_s"] - staged, 0.0)
+    print(f"{'pipeline overhead':<28}{overhead:>10.3f}")
+    print(f"{'whole replay (best)':<28}{m['whole_s']:>10.3f}{rate(events, m['whole_s']):>14}")
+    print(f"{'(report JSON, not timed)':<28}{m['json_s']:>10.3f}")
+    verdict = "meets" if events / m["whole_s"] >= TARGET_EVENTS_PER_S else "MISSES"
+    print(f"target >= {TARGET_EVENTS_PER_S:,} events/s: {verdict}")
+    print()
+    print("| bench | events | whole replay | read OCF | decode | fold + report | command |")
+    print("|---|---|---|---|---|---|---|")
+    print(
+        f"| replay, state only, {args.policy} | {int(events):,} | {rate(events, m['whole_s'])} | "
+        f"{rate(events, m['read_s'])} | {rate(events, m['decode_s'])} | "
+        f"{rate(events, m['fold_s'])} | `{command}` |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--policy", choices=[p.value for p in Policy], default="tolerant")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.ocf"
+        make_capture(path, args.sessions, args.partitions, args.seed)
+        results = measure(path, Policy(args.policy), args.repeat)
+    command = "python bench/bench_replay.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print_results(results, args, command.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""`codeclog replay`: rerun a capture or a JSONL scenario offline, or republish it to a topic."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from codeclog.config import ConfigError, add_kafka_args, kafka_client_config
+from codeclog.errors import CodeclogError
+
+DESCRIPTION = """\
+Rerun a captured stream offline through the same fold (and, with --vocoder, the same Code2Wav
+vocoder) as the live consumer, and print the report: per request its status (open, released,
+killed), decode windows, audio seconds and rejections by reason.
+
+INPUT is a capture file written by `codeclog capture` (recognised by the Avro magic Obj\\x01) or
+a JSONL scenario (one event per line, see tests/data/scenarios/README.md). Records are replayed
+per partition in offset order. Time comes only from the records, so the same input and codeclog
+version give a byte-identical --json report and identical audio.
+
+--policy strict reproduces the upstream MiniCPM-o 4.5 Code2Wav: the first rejection kills the
+stage. The summary then shows the error the upstream would have raised, e.g.
+  MiniCPMO45Code2WavBatchError {"frames":1,"minimum":4,"reason":"chunk_below_lookahead_window"}
+and the requests it would have killed. --policy tolerant (the default) is the product's fold:
+a bad chunk costs at most its own request.
+
+--to-topic T republishes the input into a live topic instead (same keys, values and headers,
+order per key kept; idempotent producer, murmur2_random partitioner) and prints the counts.
+"""
+
+EPILOG = """\
+examples:
+  codeclog replay incident.ocf                         # tolerant, fold only
+  codeclog replay incident.ocf --policy strict         # what the upstream stage would have done
+  codeclog replay incident.ocf --vocoder tiny --wav-dir out/   # audio: one WAV per request
+  codeclog replay incident.ocf --json > a.json && codeclog diff a.json b.json
+  codeclog replay incident.ocf --to-topic codec.chunks.rerun   # feed a live consumer again
+
+exit status: 0 when the replay ran (whatever the verdict), 1 on an error.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "replay",
+        help="rerun a capture or scenario offline (or republish it)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("input", metavar="INPUT", help="capture file (.ocf) or JSONL scenario")
+    parser.add_argument(
+        "--policy",
+        choices=("strict", "tolerant"),
+        default="tolerant",
+        help="fold policy: strict mirrors the upstream, tolerant is the product (default)",
+    )
+    parser.add_argument(
+        "--vocoder",
+        default="none",
+        metavar="none|tiny|DIR",
+        help="also decode audio: 'tiny' (the test fixture) or a checkpoint dir (default none)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--wav-dir", type=Path, metavar="D", help="write one 24 kHz mono WAV per request into D"
+    )
+    publish = parser.add_argument_group("republish")
+    publish.add_argument("--to-topic", metavar="T", help="republish INPUT into topic T instead")
+    publish.add_argument(
+        "--keep-timestamps",
+        action="store_true",
+        help="with --to-topic: reuse the captured CreateTime timestamps (default: new ones)",
+    )
+    add_kafka_args(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        _check_args(args)
+        if args.to_topic:
+            return _republish(args)
+        return _replay(args)
+    except (CodeclogError, ConfigError) as exc:
+        print(f"codeclog replay: {exc}", file=sys.stderr)
+        return 1
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    from replay.errors import ReplayError
+
+    if args.wav_dir is not None and args.vocoder == "none":
+        raise ReplayError("--wav-dir needs audio: add --vocoder tiny or --vocoder DIR")
+    if args.to_topic and (args.wav_dir is not None or args.vocoder != "none" or args.json):
+        raise ReplayError("--to-topic republishes only: drop --vocoder, --wav-dir and --json")
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from consumers.fold.machine import Policy
+    from replay.inputs import load_input
+    from replay.progress import StderrProgress
+    from replay.runner import ReplayOptions, replay, report_json
+    from replay.summary import format_summary
+    from replay.wav import write_wavs
+
+    source = load_input(args.input)
+    options = ReplayOptions(Policy(args.policy), args.vocoder, keep_pcm=args.wav_dir is not None)
+    progress = StderrProgress(time.monotonic, "replay", "records")
+    result = replay(source, options, progress)
+    if args.wav_dir is not None:
+        written = write_wavs(args.wav_dir, result.pcm_by_request)
+        print(f"wrote {len(written)} WAV file(s) into {args.wav_dir}", file=sys.stderr)
+    sys.stdout.write(report_json(result.report) if args.json else format_summary(result.report))
+    return 0
+
+
+def _republish(args: argparse.Namespace) -> int:
+    from replay.inputs import load_input
+    from replay.republish import run_republish, scenario_records
+
+    source = load_input(args.input)
+    records: Any = source.records if source.metadata is not None else scenario_records(source)
+    summary = run_republish(
+        kafka_client_config(args), args.to_topic, records, keep_timestamps=args.keep_timestamps
+    )
+    print(
+        f"republished {summary.produced} records ({summary.keys} keys) to {args.to_topic}: "
+        f"{summary.delivered} delivered, {summary.failed} failed"
+        + (f" (first error: {summary.first_error})" if summary.failed else "")
+    )
+    return 0 if summary.failed == 0 else 1

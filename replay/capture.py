@@ -1,0 +1,487 @@
+"""Capture a topic (or some of its partitions and keys) from the log into a capture file.
+
+How it reads, and why:
+- A `read_committed` consumer with `assign()` and explicit start offsets: no group join, no
+  offset commits, so a capture never disturbs a consumer group. (confluent-kafka refuses a
+  consumer without `group.id`, and crashes on an empty one, so a name is always set.)
+- The end of each partition is its last stable offset (LSO) listed with READ_COMMITTED when the
+  capture starts, or `--until`, whichever is lower: records appended later are not captured.
+- A partition is finished when the consumer's `position()` reaches its end offset, NOT when a
+  record with offset end - 1 arrives: on a transactional topic the last offsets before the LSO are
+  commit/abort markers that the consumer never delivers (kafka.md B.5, E.10 rule 4).
+- Offsets are recorded as observed; aborted records are invisible to read_committed and simply
+  absent. The request filter (`--request`) is applied after reading, by record key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import json
+import platform
+import subprocess
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from codeclog import __version__
+from replay.capture_format import (
+    CapturedRecord,
+    CaptureFile,
+    CaptureMetadata,
+    CaptureWriter,
+    PartitionSpan,
+    RecordHeader,
+    TimestampType,
+    fingerprint_of_value,
+)
+from replay.errors import BoundError, CaptureError
+
+ISOLATION_LEVEL = "read_committed"
+DEFAULT_GROUP_ID = "codeclog-capture"
+
+
+class BoundKind(enum.Enum):
+    OFFSET = "offset"  # a Kafka offset, the same on every captured partition
+    TIME_MS = "time_ms"  # a record timestamp (Unix ms): the first offset at or after it
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bound:
+    """A --from / --until value."""
+
+    kind: BoundKind
+    value: int
+
+
+def parse_bound(text: str) -> Bound:
+    """`1234` is an offset, `1767225600000ms` Unix milliseconds, anything else an ISO-8601 time.
+
+    ISO times without a zone are UTC (a capture must not depend on the operator's TZ).
+    """
+    raw = text.strip()
+    if raw.isdigit():
+        return Bound(BoundKind.OFFSET, int(raw))
+    if raw.endswith("ms") and raw[:-2].isdigit():
+        return Bound(BoundKind.TIME_MS, int(raw[:-2]))
+    try:
+        moment = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise BoundError(
+            f"{text!r} is not an offset (1234), Unix milliseconds (1767225600000ms) "
+            "or an ISO time (2026-01-01T12:00:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return Bound(BoundKind.TIME_MS, int(moment.timestamp() * 1000))
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureSpec:
+    """What to capture. `partitions` None means every partition of the topic."""
+
+    topic: str
+    partitions: tuple[int, ...] | None = None
+    start: Bound | None = None
+    until: Bound | None = None
+    requests: tuple[str, ...] = ()  # keep only these keys (UTF-8); empty keeps all
+    group_id: str = DEFAULT_GROUP_ID
+    batch_size: int = 1000  # records per consume() call and per flushed file block
+    timeout_s: float = 15.0  # per metadata / offsets request
+    idle_timeout_s: float = 30.0  # give up when no partition advances for this long
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureSummary:
+    records_read: int  # committed records consumed within the spans
+    records_written: int  # after the request filter
+    spans: tuple[PartitionSpan, ...]
+    metadata: CaptureMetadata
+
+
+class Progress(Protocol):
+    def update(self, done: int, total: int, written: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def quiet_config(client_config: Mapping[str, str]) -> dict[str, Any]:
+    """The user's properties, with librdkafka's per-retry log lines off unless they set
+    log_level: failures surface as one clear error sentence instead."""
+    config: dict[str, Any] = dict(client_config)
+    config.setdefault("log_level", "2")
+    return config
+
+
+def consumer_config(client_config: Mapping[str, str], group_id: str) -> dict[str, Any]:
+    """A read_committed, never-committing consumer; positions come only from assign()."""
+    config = quiet_config(client_config)
+    config.update(
+        {
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": ISOLATION_LEVEL,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": False,
+        }
+    )
+    return config
+
+
+def throwaway_group_id() -> str:
+    """For --group-less: a group name nobody else uses (nothing is ever committed under it)."""
+    return f"codeclog-capture-{uuid.uuid4().hex}"
+
+
+def plan_spans(
+    partitions: Sequence[int],
+    earliest: Mapping[int, int],
+    latest: Mapping[int, int],
+    start_offsets: Mapping[int, int] | None,
+    until_offsets: Mapping[int, int] | None,
+) -> tuple[PartitionSpan, ...]:
+    """[start, end) per partition, clamped to what the log holds now (end <= LSO at start)."""
+    spans = []
+    for p in sorted(partitions):
+        start = earliest[p] if start_offsets is None else max(start_offsets[p], earliest[p])
+        end = latest[p] if until_offsets is None else min(until_offsets[p], latest[p])
+        spans.append(PartitionSpan(p, start, max(start, end)))
+    return tuple(spans)
+
+
+def bound_offsets(
+    bound: Bound | None,
+    partitions: Sequence[int],
+    latest: Mapping[int, int],
+    offsets_for_time: Callable[[int], Mapping[int, int]],
+) -> dict[int, int] | None:
+    """Offsets per partition for a bound; a time past the last record maps to the LSO."""
+    if bound is None:
+        return None
+    if bound.kind is BoundKind.OFFSET:
+        return {p: bound.value for p in partitions}
+    found = offsets_for_time(bound.value)
+    return {p: found[p] if found.get(p, -1) >= 0 else latest[p] for p in partitions}
+
+
+def record_from_message(message: Any, observed_at_ms: int) -> CapturedRecord:
+    """A consumed confluent_kafka.Message as a capture record (value kept byte for byte)."""
+    ts_type, ts_ms = message.timestamp()
+    value = message.value()
+    headers = message.headers() or ()
+    return CapturedRecord(
+        topic=message.topic(),
+        partition=message.partition(),
+        offset=message.offset(),
+        timestamp_ms=int(ts_ms),
+        timestamp_type=TimestampType.from_kafka(ts_type),
+        key=message.key(),
+        value=value,
+        headers=tuple(RecordHeader(str(k), v) for k, v in headers),
+        schema_fingerprint=fingerprint_of_value(value),
+        observed_at_ms=observed_at_ms,
+        leader_epoch=_leader_epoch(message),
+    )
+
+
+def _leader_epoch(message: Any) -> int | None:
+    epoch = getattr(message, "leader_epoch", None)
+    value = epoch() if callable(epoch) else None
+    return int(value) if isinstance(value, int) and value >= 0 else None
+
+
+def key_filter(requests: Sequence[str]) -> Callable[[CapturedRecord], bool]:
+    wanted = {r.encode() for r in requests}
+    if not wanted:
+        return lambda record: True
+    return lambda record: record.key in wanted
+
+
+@dataclasses.dataclass
+class _DrainState:
+    """Mutable bookkeeping of one drain loop (local to `Drainer.run`)."""
+
+    ends: dict[int, int]  # unfinished partition -> end offset (exclusive)
+    positions: dict[int, int]  # partition -> next offset to read, as far as we know
+    read: int = 0
+    written: int = 0
+    idle_since: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Drainer:
+    """Consumes assigned spans into a writer. Time comes in as parameters (tests fake it)."""
+
+    consumer: Any
+    topic: str
+    writer: CaptureWriter
+    keep: Callable[[CapturedRecord], bool]
+    clock_ms: Callable[[], int]
+    monotonic: Callable[[], float]
+    progress: Progress | None = None
+    batch_size: int = 1000
+    idle_timeout_s: float = 30.0
+
+    def run(self, spans: Sequence[PartitionSpan]) -> tuple[int, int]:
+        """Consume every span; returns (records read, records written)."""
+        live = [s for s in spans if s.start < s.end]
+        starts = {s.partition: s.start for s in live}
+        state = _DrainState({s.partition: s.end for s in live}, dict(starts))
+        state.idle_since = self.monotonic()
+        self._assign(live)
+        total = sum(s.end - s.start for s in live)
+        while state.ends:
+            progressed = self._batch(state)
+            self._check_idle(state, progressed)
+            if self.progress is not None:
+                done = sum(state.positions[p] - starts[p] for p in starts)
+                self.progress.update(min(done, total), total, state.written)
+        if self.progress is not None:
+            self.progress.close()
+        return state.read, state.written
+
+    def _assign(self, live: Sequence[PartitionSpan]) -> None:
+        from confluent_kafka import TopicPartition
+
+        if live:
+            self.consumer.assign([TopicPartition(self.topic, s.partition, s.start) for s in live])
+
+    def _batch(self, state: _DrainState) -> bool:
+        messages = self.consumer.consume(num_messages=self.batch_size, timeout=0.2)
+        now_ms = self.clock_ms()  # one clock read per batch
+        for message in messages:
+            _raise_on_error(message)
+            end = state.ends.get(message.partition())
+            if end is None or message.offset() >= end:
+                continue  # appended after the capture started: outside the span
+            record = record_from_message(message, now_ms)
+            state.read += 1
+            if self.keep(record):
+                self.writer.write(record)
+                state.written += 1
+        if messages:
+            self.writer.flush()  # one block per batch: a crash loses at most this batch
+        advanced = self._finish_partitions(state)
+        return bool(messages) or advanced
+
+    def _finish_partitions(self, state: _DrainState) -> bool:
+        """Drop partitions whose position reached the end (position steps over markers)."""
+        from confluent_kafka import TopicPartition
+
+        asked = [TopicPartition(self.topic, p) for p in sorted(state.ends)]
+        advanced = False
+        done = []
+        for tp in self.consumer.position(asked):
+            if tp.offset > state.positions[tp.partition]:
+                state.positions[tp.partition] = tp.offset
+                advanced = True
+            if tp.offset >= state.ends[tp.partition]:
+                done.append(tp)
+        for tp in done:
+            del state.ends[tp.partition]
+        if done:
+            self.consumer.pause(done)  # stop fetching what lies past the end
+        return advanced
+
+    def _check_idle(self, state: _DrainState, progressed: bool) -> None:
+        now = self.monotonic()
+        if progressed:
+            state.idle_since = now
+            return
+        if state.ends and now - state.idle_since > self.idle_timeout_s:
+            stuck = ", ".join(f"{p} at {state.positions[p]} of {e}" for p, e in state.ends.items())
+            raise CaptureError(
+                f"no progress for {self.idle_timeout_s:.0f} s on partition(s) {stuck}; the "
+                "records may have been deleted by retention, or the broker is unreachable"
+            )
+
+
+def _raise_on_error(message: Any) -> None:
+    error = message.error()
+    if error is None:
+        return
+    raise CaptureError(f"the broker refused the capture: {error.str()}")
+
+
+def git_commit(cwd: Path | None = None) -> str:
+    """`git rev-parse HEAD` of the codeclog source tree, or "unknown" (e.g. an installed wheel)."""
+    where = cwd or Path(__file__).resolve().parent
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    commit = result.stdout.strip()
+    return commit if result.returncode == 0 and commit else "unknown"
+
+
+def client_versions() -> dict[str, str]:
+    import confluent_kafka
+    import fastavro
+
+    return {
+        "confluent_kafka": confluent_kafka.version()[0],
+        "fastavro": fastavro.__version__,
+        "librdkafka": confluent_kafka.libversion()[0],
+        "python": platform.python_version(),
+    }
+
+
+def schema_fingerprints() -> dict[str, str]:
+    from schemas.wire import known_fingerprints
+
+    return dict(known_fingerprints())
+
+
+@dataclasses.dataclass(frozen=True)
+class _TopicFacts:
+    cluster_id: str
+    partition_count: int
+    earliest: dict[int, int]
+    latest: dict[int, int]
+
+
+def _describe(admin: Any, spec: CaptureSpec) -> _TopicFacts:
+    # Whole-cluster metadata: a request naming a missing topic could auto-create it (the admin
+    # client is a producer underneath, and producers allow auto-creation by default).
+    metadata = admin.list_topics(timeout=spec.timeout_s)
+    topic = metadata.topics.get(spec.topic)
+    if topic is None or topic.error is not None or not topic.partitions:
+        raise CaptureError(f"topic {spec.topic!r} does not exist on the cluster")
+    count = len(topic.partitions)
+    partitions = _chosen_partitions(spec, count)
+    earliest = _list_offsets(admin, spec, partitions, latest=False)
+    latest = _list_offsets(admin, spec, partitions, latest=True)
+    return _TopicFacts(str(metadata.cluster_id or "unknown"), count, earliest, latest)
+
+
+def _chosen_partitions(spec: CaptureSpec, count: int) -> list[int]:
+    if spec.partitions is None:
+        return list(range(count))
+    missing = [p for p in spec.partitions if not 0 <= p < count]
+    if missing:
+        raise CaptureError(
+            f"topic {spec.topic!r} has partitions 0..{count - 1}; there is no partition "
+            f"{missing[0]}"
+        )
+    return sorted(set(spec.partitions))
+
+
+def _list_offsets(
+    admin: Any, spec: CaptureSpec, partitions: Iterable[int], latest: bool
+) -> dict[int, int]:
+    """Earliest offsets, or end offsets as a read_committed consumer sees them (the LSO)."""
+    from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    which = OffsetSpec.latest() if latest else OffsetSpec.earliest()
+    request = {TopicPartition(spec.topic, p): which for p in partitions}
+    futures = admin.list_offsets(
+        request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=spec.timeout_s
+    )
+    try:
+        return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
+    except KafkaException as exc:
+        raise CaptureError(f"cannot list offsets of {spec.topic!r}: {exc.args[0].str()}") from exc
+
+
+def _offsets_for_time(consumer: Any, spec: CaptureSpec, partitions: Sequence[int]) -> Any:
+    from confluent_kafka import TopicPartition
+
+    def lookup(ts_ms: int) -> dict[int, int]:
+        asked = [TopicPartition(spec.topic, p, ts_ms) for p in partitions]
+        found = consumer.offsets_for_times(asked, timeout=spec.timeout_s)
+        return {tp.partition: int(tp.offset) for tp in found}
+
+    return lookup
+
+
+def plan_capture(consumer: Any, spec: CaptureSpec, facts: _TopicFacts) -> tuple[PartitionSpan, ...]:
+    partitions = sorted(facts.latest)
+    lookup = _offsets_for_time(consumer, spec, partitions)
+    starts = bound_offsets(spec.start, partitions, facts.latest, lookup)
+    untils = bound_offsets(spec.until, partitions, facts.latest, lookup)
+    return plan_spans(partitions, facts.earliest, facts.latest, starts, untils)
+
+
+def build_metadata(
+    spec: CaptureSpec, facts: _TopicFacts, spans: tuple[PartitionSpan, ...], now_ms: int
+) -> CaptureMetadata:
+    return CaptureMetadata(
+        topic=spec.topic,
+        partition_count=facts.partition_count,
+        spans=spans,
+        cluster_id=facts.cluster_id,
+        created_at_ms=now_ms,
+        isolation_level=ISOLATION_LEVEL,
+        codeclog_version=__version__,
+        git_commit=git_commit(),
+        schema_fingerprints=schema_fingerprints(),
+        request_filter=tuple(spec.requests),
+        client_versions=client_versions(),
+    )
+
+
+def run_capture(
+    client_config: Mapping[str, str],
+    spec: CaptureSpec,
+    out_path: str | Path,
+    clock_ms: Callable[[], int],
+    monotonic: Callable[[], float],
+    progress: Progress | None = None,
+) -> CaptureSummary:
+    """Capture `spec` from the cluster into `out_path`; the file is complete when this returns."""
+    from confluent_kafka import Consumer, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        admin = AdminClient(quiet_config(client_config))
+        consumer = Consumer(consumer_config(client_config, spec.group_id))
+    except KafkaException as exc:
+        raise CaptureError(f"cannot create a Kafka client: {exc.args[0].str()}") from exc
+    try:
+        return _capture_with(admin, consumer, spec, out_path, clock_ms, monotonic, progress)
+    except KafkaException as exc:
+        raise CaptureError(f"the capture failed: {exc.args[0].str()}") from exc
+    finally:
+        consumer.close()
+
+
+def _capture_with(
+    admin: Any,
+    consumer: Any,
+    spec: CaptureSpec,
+    out_path: str | Path,
+    clock_ms: Callable[[], int],
+    monotonic: Callable[[], float],
+    progress: Progress | None,
+) -> CaptureSummary:
+    facts = _describe(admin, spec)
+    spans = plan_capture(consumer, spec, facts)
+    metadata = build_metadata(spec, facts, spans, clock_ms())
+    try:
+        capture_file = CaptureFile.create(out_path, metadata)
+    except OSError as exc:
+        raise CaptureError(f"cannot write {out_path}: {exc.strerror}") from exc
+    with capture_file as writer:
+        drainer = Drainer(
+            consumer,
+            spec.topic,
+            writer,
+            key_filter(spec.requests),
+            clock_ms,
+            monotonic,
+            progress,
+            spec.batch_size,
+            spec.idle_timeout_s,
+        )
+        read, written = drainer.run(spans)
+    return CaptureSummary(read, written, spans, metadata)
+
+
+def spans_json(spans: Sequence[PartitionSpan]) -> str:
+    return json.dumps({str(s.partition): [s.start, s.end] for s in spans}, sort_keys=True)

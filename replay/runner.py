@@ -1,0 +1,149 @@
+"""Replay a capture or a scenario offline: the same fold (and vocoder) as the live consumer.
+
+Determinism: the input is fed in log order (per partition, by offset), in steps of a fixed number
+of records, so batch membership (which the GPU's bitwise output can depend on, token2wav.md 4.4) is
+the same on every run; nothing in the report comes from the clock, and the JSON is written with
+sorted keys. Same input, same codeclog version: byte-identical report and audio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
+
+from codeclog.errors import CodeclogError
+from consumers.fold.machine import FoldConfig, Policy
+from consumers.pipeline import AudioPipeline, InputRecord, PipelineConfig, Position, StepOutput
+from replay.errors import ReplayError
+from replay.inputs import InputKind, ReplayInput
+
+STEP_RECORDS = 256  # records per pipeline step; fixed so batches are the same in every run
+VOCODER_NONE = "none"
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayOptions:
+    policy: Policy = Policy.TOLERANT
+    vocoder: str = VOCODER_NONE  # "none", "tiny" or a checkpoint directory
+    step_records: int = STEP_RECORDS
+    keep_pcm: bool = False  # collect every request's PCM (for --wav-dir)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayResult:
+    report: dict[str, Any]
+    pcm_by_request: dict[str, bytes]  # request -> 16-bit PCM; empty unless keep_pcm and vocoding
+
+
+class StepProgress(Protocol):
+    def update(self, done: int, total: int, written: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def report_json(report: dict[str, Any]) -> str:
+    """The --json form: sorted keys, so equal reports are equal bytes."""
+    return json.dumps(report, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+
+
+def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def replay(
+    source: ReplayInput, options: ReplayOptions, progress: StepProgress | None = None
+) -> ReplayResult:
+    """Run the input through the shared pipeline (consumers.pipeline) and build the report."""
+    pipeline = AudioPipeline(pipeline_config(options), load_engine(options.vocoder), _no_clock)
+    items: Sequence[Any] = source.records if source.kind is InputKind.CAPTURE else source.events
+    step = _record_step(pipeline) if source.kind is InputKind.CAPTURE else pipeline.step_events
+    dead_letters: Counter[str] = Counter()
+    done = 0
+    for batch in chunked(items, options.step_records):
+        output = step(batch)
+        dead_letters.update(letter.reason for letter in output.dead_letters)
+        done += len(batch)
+        if progress is not None:
+            progress.update(done, len(items), done)
+    if progress is not None:
+        progress.close()
+    report = _finish_report(pipeline.report(), source, options, dead_letters)
+    return ReplayResult(report, _pcm_by_request(pipeline))
+
+
+def pipeline_config(options: ReplayOptions) -> PipelineConfig:
+    """Strict runs ONE fold state, as the upstream stage is one process: its first rejection
+    stops every partition. Tolerant runs one per partition, exactly like the live consumer."""
+    vocoding = options.vocoder != VOCODER_NONE
+    return PipelineConfig(
+        fold=FoldConfig(policy=options.policy),
+        per_partition=options.policy is Policy.TOLERANT,
+        keep_pcm=options.keep_pcm and vocoding,
+        record_audio=vocoding,
+        producer_id="replay",
+    )
+
+
+def _no_clock() -> int:
+    # Dead letters carry a timestamp; a replay has no "now", and its output must not vary.
+    return 0
+
+
+def _record_step(pipeline: AudioPipeline) -> Callable[[Sequence[Any]], StepOutput]:
+    def step(records: Sequence[Any]) -> StepOutput:
+        inputs = [
+            InputRecord(
+                Position(r.topic, r.partition, r.offset, r.timestamp_ms),
+                r.key,
+                b"" if r.value is None else r.value,
+            )
+            for r in records
+        ]
+        return pipeline.step(inputs)
+
+    return step
+
+
+def _pcm_by_request(pipeline: AudioPipeline) -> dict[str, bytes]:
+    return {rid: bytes(audio.pcm) for rid, audio in sorted(pipeline.audio.items()) if audio.pcm}
+
+
+def load_engine(spec: str) -> Any:
+    """The vocoder for --vocoder (None for "none"). torch is imported only here."""
+    if spec == VOCODER_NONE:
+        return None
+    try:
+        from vocoder.engine import Code2WavEngine
+    except ImportError as exc:
+        raise ReplayError(
+            f"--vocoder {spec} needs the vocoder extra (torch): pip install 'codeclog[vocoder]' "
+            f"({exc.name} is missing)"
+        ) from exc
+    try:
+        return Code2WavEngine.from_spec(spec)
+    except (OSError, ValueError, CodeclogError) as exc:
+        raise ReplayError(f"cannot load the vocoder {spec!r}: {exc}") from exc
+
+
+def _finish_report(
+    report: dict[str, Any],
+    source: ReplayInput,
+    options: ReplayOptions,
+    dead_letters: Counter[str],
+) -> dict[str, Any]:
+    """The pipeline's report plus where it came from (only facts taken from the input)."""
+    out = dict(report)
+    out["input"] = source.describe()
+    out["vocoder"] = options.vocoder
+    out["dead_letters"] = {
+        "total": sum(dead_letters.values()),
+        "by_reason": dict(sorted(dead_letters.items())),
+    }
+    if source.metadata is not None:
+        out["provenance"] = source.metadata.provenance()
+    return out

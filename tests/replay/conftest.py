@@ -1,0 +1,36 @@
+"""Fixtures of the replay tests: scenario paths, synthetic captures, in-process CLI runs."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from codeclog.cli import main
+from consumers.fold.synth import realistic_events
+from replay.synthetic import metadata_for, records_from_events, write_capture
+
+
+@pytest.fixture
+def run_cli(capsys: pytest.CaptureFixture[str]) -> Callable[[Sequence[str]], tuple[int, str, str]]:
+    """argv -> (exit code, stdout, stderr) of `codeclog` run in-process."""
+
+    def run(argv: Sequence[str]) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(list(argv))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+@pytest.fixture
+def synthetic_capture(tmp_path: Path) -> Path:
+    """A capture of 20 interleaved 2-turn sessions on 4 partitions, with transaction gaps."""
+    events = realistic_events(random.Random(7), sessions=20, turns=2)
+    records = records_from_events(events, partitions=4, txn_records=5)
+    path = tmp_path / "synthetic.ocf"
+    write_capture(path, records, metadata_for(records, partitions=4), block_records=50)
+    return path

@@ -1,0 +1,80 @@
+"""Replay with the tiny vocoder: identical audio in two processes, WAVs that match the report."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import subprocess
+import sys
+import wave
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from consumers.fold.synth import realistic_events
+from replay.synthetic import metadata_for, records_from_events, write_capture
+
+RunCli = Callable[[Sequence[str]], tuple[int, str, str]]  # the run_cli fixture
+
+pytestmark = [pytest.mark.vocoder, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIO = REPO / "tests" / "data" / "scenarios" / "01_clean_turn.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def _needs_the_engine() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("vocoder.engine")
+
+
+def _replay_json_twice(path: Path) -> tuple[bytes, bytes]:
+    """Two independent processes, run side by side (most of each run is importing torch)."""
+    argv = [sys.executable, "-m", "codeclog.cli", "replay", str(path), "--vocoder", "tiny"]
+    runs = [
+        subprocess.Popen(
+            [*argv, "--json"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=280) for run in runs]
+    for run, (_, err) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, err.decode()
+    return outputs[0][0], outputs[1][0]
+
+
+@pytest.fixture
+def small_capture(tmp_path: Path) -> Path:
+    """Three one-turn sessions on two partitions: enough to batch, small enough for a CPU."""
+    events = realistic_events(random.Random(5), sessions=3, turns=1)
+    records = records_from_events(events, partitions=2)
+    path = tmp_path / "small.ocf"
+    write_capture(path, records, metadata_for(records, partitions=2))
+    return path
+
+
+def test_two_processes_give_byte_identical_audio() -> None:
+    first, second = _replay_json_twice(SCENARIO)
+    assert first == second
+    audio = json.loads(first)["requests"]["r1"]["audio"]
+    assert audio["samples"] > 0
+    assert len(audio["sha256"]) == 64
+
+
+def test_wav_files_hold_exactly_the_reported_audio(
+    small_capture: Path, tmp_path: Path, run_cli: RunCli
+) -> None:
+    wav_dir = tmp_path / "wav"
+    argv = ["replay", str(small_capture), "--vocoder", "tiny", "--json", "--wav-dir", str(wav_dir)]
+    code, out, err = run_cli(argv)
+    assert code == 0, err
+    requests = json.loads(out)["requests"]
+    assert len(requests) == 3
+    for request_id, entry in requests.items():
+        with wave.open(str(wav_dir / f"{request_id}.wav")) as wav:
+            assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, 24000)
+            frames = wav.readframes(wav.getnframes())
+        assert len(frames) // 2 == entry["audio"]["samples"] > 0
+        assert hashlib.sha256(frames).hexdigest() == entry["audio"]["sha256"]
