@@ -1,0 +1,125 @@
+"""`codeclog vocode`: the Code2Wav consumer (fold, batched vocoder decode, exactly-once audio)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
+from consumers.fold.machine import Policy
+
+EPILOG = """\
+Exit codes: 0 stopped cleanly (SIGTERM/SIGINT finish the current step and commit it, or idle
+with --exit-when-idle); 1 infrastructure failure (Kafka unreachable, fenced, ...: the open
+transaction is aborted first); 3 strict policy hit a rejection (the upstream would have died).
+
+Examples:
+  codeclog vocode                                # tiny model on CPU, tolerant policy
+  codeclog vocode --vocoder /models/token2wav --device cuda --metrics-port 9311
+  codeclog vocode --group g1 --instance-id b     # a second member of the same group
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "vocode",
+        help="run the Code2Wav consumer",
+        description="Consume codec chunks, fold them per request, decode batches of windows "
+        "with the Token2wav vocoder and write audio chunks, dead letters and recovery "
+        "checkpoints in one Kafka transaction per step (exactly once for read_committed "
+        "readers).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_kafka_args(parser)
+    parser.add_argument("--group", default="codeclog-vocoder", help="consumer group id")
+    parser.add_argument(
+        "--instance-id",
+        default="0",
+        help="stable member id; a restart with the same id fences its predecessor's "
+        "transaction at once (default: 0)",
+    )
+    parser.add_argument(
+        "--vocoder",
+        default="tiny",
+        help="'tiny' (the committed CPU fixture) or a Token2wav checkpoint dir "
+        "(flow.pt, hift.pt, flow.yaml)",
+    )
+    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
+    parser.add_argument(
+        "--policy",
+        choices=[p.value for p in Policy],
+        default=Policy.TOLERANT.value,
+        help="tolerant (default: a bad chunk costs at most its request) or strict (the "
+        "upstream's rules: the first rejection stops the stage)",
+    )
+    parser.add_argument("--max-records", type=int, default=64, help="records per step")
+    parser.add_argument("--max-open-streams", type=int, default=1024, help="open-stream cap")
+    parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus port")
+    parser.add_argument(
+        "--exit-when-idle",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop after this many seconds without input (tests, demos)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every step")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import threading
+
+    from consumers.service import install_stop_handlers
+
+    stop = threading.Event()
+    install_stop_handlers(stop)  # before the (slow) model load: SIGTERM then exits cleanly
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        client_config = kafka_client_config(args)
+        topics = topics_config(args)
+    except ConfigError as exc:
+        print(f"codeclog vocode: {exc}", file=sys.stderr)
+        return 2
+    if args.max_records < 1 or args.max_open_streams < 1:
+        print("codeclog vocode: --max-records and --max-open-streams must be >= 1", file=sys.stderr)
+        return 2
+    from consumers.metrics import VocoderMetrics
+    from consumers.service import VocodeConfig, VocoderService
+    from vocoder.engine import Code2WavEngine
+
+    try:
+        engine = Code2WavEngine.from_spec(args.vocoder, device=args.device)
+    except Exception as exc:  # any load failure is reported in one sentence
+        print(f"codeclog vocode: cannot load vocoder {args.vocoder!r}: {exc}", file=sys.stderr)
+        return 2
+    config = VocodeConfig(
+        group=args.group,
+        instance_id=args.instance_id,
+        policy=Policy(args.policy),
+        max_records=args.max_records,
+        max_batch=args.max_records,
+        max_open_streams=args.max_open_streams,
+        exit_when_idle_s=args.exit_when_idle,
+    )
+    service = VocoderService(
+        client_config,
+        topics,
+        config,
+        engine,
+        VocoderMetrics.create(args.metrics_port),
+        stop_event=stop,
+    )
+    code = service.run()
+    stats = service.stats
+    print(
+        f"vocode: {stats['records']} records, {stats['windows']} audio windows, "
+        f"{stats['dead_letters']} dead letters in {stats['steps']} transactions",
+        file=sys.stderr,
+    )
+    return code

@@ -1,0 +1,96 @@
+"""Prometheus metrics of the Code2Wav consumer (optional: needs the `metrics` extra).
+
+Without prometheus_client every metric is a no-op, so the service runs the same either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+class _Noop:
+    def labels(self, *args: Any, **kwargs: Any) -> _Noop:
+        return self
+
+    def inc(self, amount: float = 1.0) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
+
+    def observe(self, value: float) -> None:
+        pass
+
+
+@dataclasses.dataclass
+class VocoderMetrics:
+    records: Any
+    windows: Any
+    batch_size: Any
+    decode_seconds: Any
+    rtf: Any
+    open_streams: Any
+    rejections: Any
+    end_to_end_seconds: Any
+    transactions: Any
+    recoveries: Any
+
+    @classmethod
+    def create(cls, port: int | None) -> VocoderMetrics:
+        try:
+            import prometheus_client as prom
+        except ImportError:
+            return cls(*(_Noop() for _ in dataclasses.fields(cls)))
+        registry = prom.CollectorRegistry()
+        metrics = cls(
+            records=prom.Counter(
+                "codeclog_vocoder_records", "Input records consumed", registry=registry
+            ),
+            windows=prom.Counter(
+                "codeclog_vocoder_windows", "Decode windows vocoded", registry=registry
+            ),
+            batch_size=prom.Histogram(
+                "codeclog_vocoder_batch_size",
+                "Windows per decode_batch call",
+                buckets=(1, 2, 4, 8, 16, 32, 64),
+                registry=registry,
+            ),
+            decode_seconds=prom.Histogram(
+                "codeclog_vocoder_decode_seconds", "Wall time of one decode step", registry=registry
+            ),
+            rtf=prom.Gauge(
+                "codeclog_vocoder_rtf",
+                "Real-time factor of the last step (decode seconds / audio seconds)",
+                registry=registry,
+            ),
+            open_streams=prom.Gauge(
+                "codeclog_vocoder_open_streams", "Requests with an open stream", registry=registry
+            ),
+            rejections=prom.Counter(
+                "codeclog_vocoder_rejections",
+                "Dead-lettered inputs by reason",
+                ["reason"],
+                registry=registry,
+            ),
+            end_to_end_seconds=prom.Histogram(
+                "codeclog_vocoder_end_to_end_seconds",
+                "From a chunk's produced_at to its audio's transaction commit",
+                buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+                registry=registry,
+            ),
+            transactions=prom.Counter(
+                "codeclog_vocoder_transactions",
+                "Kafka transactions by result",
+                ["result"],
+                registry=registry,
+            ),
+            recoveries=prom.Counter(
+                "codeclog_vocoder_recovered_streams",
+                "Open streams rebuilt from the log after an assignment",
+                registry=registry,
+            ),
+        )
+        if port is not None:
+            prom.start_http_server(port, registry=registry)
+        return metrics

@@ -1,0 +1,566 @@
+"""The Code2Wav consumer: fold, batch-decode and write audio with exactly-once semantics.
+
+One step = one `consume()` of up to `max_records` records, the shared AudioPipeline (fold +
+batched vocoder decode), then ONE Kafka transaction that carries the audio chunks, the dead
+letters, a checkpoint per touched request (compacted progress topic) and the consumed offsets.
+A crash before the commit aborts everything of the step; a crash after it loses nothing.
+
+How recovery works (see also the README): vocoder state (hundreds of MB per stream on the real
+model) is never snapshotted. Each transaction writes, per touched request, a small checkpoint
+to the progress topic, in the partition numbered like the input partition: the fold state
+(export_request), whether the stream is open, and the input offset where its current epoch
+started. When a partition is assigned (start, restart after SIGKILL, rebalance), the consumer
+reads that progress partition, restores the fold state of every request, and for each open
+stream re-reads the input from the start of its epoch up to the committed offset, decoding
+without emitting (event sourcing) to rebuild the vocoder state. Decoding is deterministic, so
+the windows after the committed offset are byte-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from codeclog.config import TopicsConfig
+from codeclog.errors import CodeclogError
+from consumers.fold.machine import FoldConfig, Policy, export_request, import_request
+from consumers.metrics import VocoderMetrics
+from consumers.pipeline import (
+    AudioPipeline,
+    InputRecord,
+    PipelineConfig,
+    Position,
+    StepOutput,
+    VocoderEngine,
+)
+from schemas import wire
+from schemas.records import SAMPLE_RATE_HZ, StreamCheckpoint
+
+log = logging.getLogger("codeclog.vocode")
+
+DEFAULT_GROUP = "codeclog-vocoder"
+EXIT_OK = 0
+EXIT_INFRASTRUCTURE = 1
+EXIT_STRICT_FATAL = 3
+
+
+class InfrastructureError(CodeclogError):
+    """Kafka (or the machine) failed in a way the consumer cannot repair: the process ends."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VocodeConfig:
+    """Knobs of the consumer service. Every bound is here."""
+
+    group: str = DEFAULT_GROUP
+    instance_id: str = "0"  # stable per member: a restart fences its own zombie transaction
+    policy: Policy = Policy.TOLERANT
+    max_records: int = 64  # records per step (and so windows per decode step)
+    max_batch: int = 64  # windows per decode_batch call
+    poll_timeout_s: float = 0.05
+    max_open_streams: int = 1024  # cap; the least recently opened stream is evicted beyond it
+    transaction_timeout_ms: int = 60_000
+    max_poll_interval_ms: int = 300_000
+    exit_when_idle_s: float | None = None  # tests and the demo: stop after this long idle
+    rebuild_batch: int = 256
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.group}-{self.instance_id}"
+
+
+class VocoderService:
+    """A consumer-group member running the Code2Wav stage."""
+
+    def __init__(
+        self,
+        client_config: dict[str, str],
+        topics: TopicsConfig,
+        config: VocodeConfig,
+        engine: VocoderEngine,
+        metrics: VocoderMetrics | None = None,
+        clock_ms: Callable[[], int] | None = None,
+        stop_event: threading.Event | None = None,
+    ) -> None:
+        self.client_config = client_config
+        self.topics = topics
+        self.config = config
+        self.engine = engine
+        self.metrics = metrics or VocoderMetrics.create(None)
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.pipeline = self._new_pipeline()
+        self._epoch_start: dict[str, int] = {}
+        self._stop = stop_event or threading.Event()
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self.stats: dict[str, int] = {"records": 0, "windows": 0, "dead_letters": 0, "steps": 0}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Finish the current step, commit it, and leave (SIGTERM handler)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        install_stop_handlers(self._stop)
+
+    def run(self) -> int:
+        """Run until stopped. Returns the process exit code."""
+        if self._stop.is_set():
+            return EXIT_OK
+        try:
+            self._start()
+            return self._loop()
+        except InfrastructureError as exc:
+            print(f"codeclog vocode: {exc}", file=sys.stderr)
+            self._abort_quietly()
+            return EXIT_INFRASTRUCTURE
+        finally:
+            self._close()
+
+    def _start(self) -> None:
+        self._producer = Producer(self._producer_config())
+        try:
+            self._producer.init_transactions(30)
+        except KafkaException as exc:
+            raise InfrastructureError(f"cannot initialise transactions: {exc}") from exc
+        self._consumer = Consumer(self._consumer_config())
+        self._consumer.subscribe(
+            [self.topics.chunks],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
+
+    def _close(self) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("consumer close failed: %s", exc)
+            self._consumer = None
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
+
+    def _producer_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = dict(self.client_config)
+        config.update(
+            {
+                "transactional.id": self.config.transactional_id,
+                "enable.idempotence": True,
+                "linger.ms": 1,
+                "transaction.timeout.ms": self.config.transaction_timeout_ms,
+                "partitioner": "murmur2_random",
+                "message.max.bytes": 4_000_000,
+            }
+        )
+        return config
+
+    def _consumer_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = dict(self.client_config)
+        config.update(
+            {
+                "group.id": self.config.group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "partition.assignment.strategy": "cooperative-sticky",
+                "max.poll.interval.ms": self.config.max_poll_interval_ms,
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 1_000,
+            }
+        )
+        return config
+
+    def _new_pipeline(self) -> AudioPipeline:
+        pipeline_config = PipelineConfig(
+            fold=FoldConfig(policy=self.config.policy),
+            per_partition=True,
+            max_batch=self.config.max_batch,
+            producer_id=self.config.transactional_id,
+        )
+        return AudioPipeline(pipeline_config, self.engine, self._clock_ms)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _loop(self) -> int:
+        idle_since = time.monotonic()
+        while not self._stop.is_set():
+            records = self._poll()
+            if not records:
+                if not self._has_assignment():
+                    idle_since = time.monotonic()  # idle means "assigned and nothing to do"
+                    continue
+                limit = self.config.exit_when_idle_s
+                if limit is not None and time.monotonic() - idle_since > limit:
+                    if self._drained():
+                        log.info("idle for %.1f s with nothing left to read: stopping", limit)
+                        break
+                    idle_since = time.monotonic()
+                continue
+            idle_since = time.monotonic()
+            out = self._step(records)
+            if out.fatal is not None:
+                return self._strict_fatal(out)
+        return EXIT_OK
+
+    def _has_assignment(self) -> bool:
+        assert self._consumer is not None
+        return bool(self._consumer.assignment())
+
+    def _drained(self) -> bool:
+        """Every assigned partition is read up to its end (nothing committed is left)."""
+        assert self._consumer is not None
+        for tp in self._consumer.position(self._consumer.assignment()):
+            low, high = self._consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            position = tp.offset if tp.offset >= 0 else low
+            if position < high:
+                return False
+        return True
+
+    def _poll(self) -> list[InputRecord]:
+        assert self._consumer is not None
+        try:
+            messages = self._consumer.consume(self.config.max_records, self.config.poll_timeout_s)
+        except KafkaException as exc:
+            raise InfrastructureError(f"consume failed: {exc}") from exc
+        return [record for m in messages if (record := self._record(m)) is not None]
+
+    @staticmethod
+    def _record(message: Message) -> InputRecord | None:
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return None
+            if error.fatal():
+                raise InfrastructureError(f"consumer error: {error}")
+            log.warning("consumer error: %s", error)
+            return None
+        _, timestamp_ms = message.timestamp()
+        position = Position(
+            message.topic() or "", message.partition() or 0, message.offset() or 0, timestamp_ms
+        )
+        return InputRecord(position, message.key(), message.value() or b"")
+
+    def _step(self, records: Sequence[InputRecord]) -> StepOutput:
+        try:
+            return self._transaction(records)
+        except KafkaException as exc:
+            self._handle_transaction_error(exc)
+            self._rewind()
+            return StepOutput()
+
+    def _transaction(self, records: Sequence[InputRecord]) -> StepOutput:
+        assert self._producer is not None and self._consumer is not None
+        started = time.perf_counter()
+        self._producer.begin_transaction()
+        out = self.pipeline.step(records)
+        self.pipeline.evict_oldest(out, self.config.max_open_streams)
+        self._note_epoch_starts(out)
+        for chunk in out.audio:
+            self._produce(self.topics.audio, chunk.request_id, wire.encode(chunk))
+        for letter in out.dead_letters:
+            self._produce(self.topics.dlq, letter.request_id or "", wire.encode(letter))
+        for checkpoint, partition in self._checkpoints(out, records):
+            value = wire.encode(checkpoint)
+            self._produce(self.topics.progress, checkpoint.request_id, value, partition)
+        self._producer.send_offsets_to_transaction(
+            self._positions(), self._consumer.consumer_group_metadata(), 30
+        )
+        self._producer.commit_transaction(30)
+        self._observe(out, time.perf_counter() - started)
+        return out
+
+    def _produce(self, topic: str, key: str, value: bytes, partition: int | None = None) -> None:
+        assert self._producer is not None
+        kwargs: dict[str, Any] = {"key": key.encode(), "value": value}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(topic, **kwargs)
+                return
+            except BufferError:  # local queue full: let deliveries drain, then retry
+                self._producer.poll(0.05)
+
+    def _positions(self) -> list[TopicPartition]:
+        assert self._consumer is not None
+        positions = self._consumer.position(self._consumer.assignment())
+        return [tp for tp in positions if tp.offset >= 0 and tp.offset != OFFSET_INVALID]
+
+    def _note_epoch_starts(self, out: StepOutput) -> None:
+        self._epoch_start.update(out.epoch_starts)
+
+    def _checkpoints(
+        self, out: StepOutput, records: Sequence[InputRecord]
+    ) -> list[tuple[StreamCheckpoint, int]]:
+        last_offset: dict[str, int] = {}
+        for record in records:
+            if record.key is not None:
+                last_offset[record.key.decode("utf-8", "replace")] = record.position.offset
+        now_ms = self._clock_ms()
+        result = []
+        for rid, partition in out.touched.items():
+            if not rid:
+                continue
+            checkpoint = self._checkpoint(rid, partition, last_offset.get(rid, -1), now_ms)
+            result.append((checkpoint, partition))
+        return result
+
+    def _checkpoint(
+        self, rid: str, partition: int, last_offset: int, now_ms: int
+    ) -> StreamCheckpoint:
+        exported = export_request(self.pipeline.fold_state(partition), rid)
+        is_open = bool(exported and exported["open"])
+        if not is_open:
+            self._epoch_start.pop(rid, None)
+        return StreamCheckpoint(
+            request_id=rid,
+            input_topic=self.topics.chunks,
+            input_partition=partition,
+            open=is_open,
+            cache_epoch=int(exported["epoch"]) if exported else -1,
+            epoch_start_offset=self._epoch_start.get(rid, -1) if is_open else -1,
+            last_offset=last_offset,
+            windows_emitted=self.pipeline.windows_emitted(rid),
+            samples_emitted=self.pipeline.samples_emitted(rid),
+            fold_state_json=json.dumps(exported, sort_keys=True) if exported else "",
+            updated_at_ms=now_ms,
+            producer_id=self.config.transactional_id,
+        )
+
+    def _observe(self, out: StepOutput, step_s: float) -> None:
+        now_ms = self._clock_ms()
+        m = self.metrics
+        m.records.inc(out.records)
+        m.windows.inc(len(out.audio))
+        m.transactions.labels(result="committed").inc()
+        for size in out.batch_sizes:
+            m.batch_size.observe(size)
+        m.decode_seconds.observe(out.decode_s)
+        audio_s = sum(len(c.pcm_s16le) // 2 for c in out.audio) / SAMPLE_RATE_HZ
+        if audio_s > 0:
+            m.rtf.set(out.decode_s / audio_s)
+        m.open_streams.set(self.pipeline.open_streams())
+        for letter in out.dead_letters:
+            m.rejections.labels(reason=letter.reason).inc()
+        for chunk in out.audio:
+            if chunk.source_produced_at_ms > 0:
+                m.end_to_end_seconds.observe(max(0, now_ms - chunk.source_produced_at_ms) / 1000)
+        self.stats["records"] += out.records
+        self.stats["windows"] += len(out.audio)
+        self.stats["dead_letters"] += len(out.dead_letters)
+        self.stats["steps"] += 1
+        log.debug("step: %d records, %d windows in %.3f s", out.records, len(out.audio), step_s)
+
+    # -- failures -------------------------------------------------------------------------------
+
+    def _handle_transaction_error(self, exc: KafkaException) -> None:
+        error = exc.args[0] if exc.args else None
+        self.metrics.transactions.labels(result="aborted").inc()
+        if isinstance(error, KafkaError) and error.txn_requires_abort():
+            log.warning("transaction aborted (%s): rewinding to the committed offsets", error)
+            self._abort_quietly()
+            return
+        if isinstance(error, KafkaError) and error.retriable():
+            log.warning("retriable transaction error (%s): aborting and retrying the step", error)
+            self._abort_quietly()
+            return
+        self._abort_quietly()
+        raise InfrastructureError(f"transaction failed: {exc}") from exc
+
+    def _abort_quietly(self) -> None:
+        if self._producer is None:
+            return
+        try:
+            self._producer.abort_transaction(10)
+        except KafkaException as exc:
+            log.debug("abort_transaction: %s", exc)
+
+    def _rewind(self) -> None:
+        """After an aborted step: rebuild all state from the log as after a fresh assignment."""
+        assert self._consumer is not None
+        assignment = self._consumer.assignment()
+        self.pipeline = self._new_pipeline()
+        self._epoch_start.clear()
+        committed = self._committed(assignment)
+        for tp in committed:
+            self._recover(tp)
+            if tp.offset >= 0:
+                self._consumer.seek(tp)
+
+    def _strict_fatal(self, out: StepOutput) -> int:
+        assert out.fatal is not None
+        from consumers.fold.report import strict_error_json
+
+        print(
+            "codeclog vocode: strict policy: the upstream stage would have died here: "
+            f"MiniCPMO45Code2WavBatchError {strict_error_json(out.fatal)} "
+            f"(request {out.fatal.request_id!r}, epoch {out.fatal.cache_epoch}, "
+            f"seq {out.fatal.chunk_seq}); later records stay unprocessed",
+            file=sys.stderr,
+        )
+        return EXIT_STRICT_FATAL
+
+    # -- rebalance and recovery -----------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in self._committed(partitions):
+            self._recover(tp)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.pipeline.drop_partition(tp.partition)
+
+    def _committed(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        if not partitions:
+            return []
+        assert self._consumer is not None
+        try:
+            return list(self._consumer.committed(partitions, timeout=30))
+        except KafkaException as exc:
+            raise InfrastructureError(f"cannot read committed offsets: {exc}") from exc
+
+    def _recover(self, tp: TopicPartition) -> None:
+        checkpoints = self._read_checkpoints(tp.partition)
+        fold_state = self.pipeline.fold_state(tp.partition)
+        open_starts: dict[str, int] = {}
+        for rid, checkpoint in checkpoints.items():
+            if checkpoint.fold_state_json:
+                import_request(fold_state, rid, json.loads(checkpoint.fold_state_json))
+            if checkpoint.open and checkpoint.epoch_start_offset >= 0:
+                open_starts[rid] = checkpoint.epoch_start_offset
+        if open_starts and tp.offset >= 0:
+            self._rebuild(tp, open_starts, checkpoints)
+        self._epoch_start.update(open_starts)
+        log.info(
+            "partition %d: restored %d requests, rebuilt %d open streams up to offset %d",
+            tp.partition,
+            len(checkpoints),
+            len(open_starts),
+            tp.offset,
+        )
+
+    def _read_checkpoints(self, partition: int) -> dict[str, StreamCheckpoint]:
+        records = read_partition(self.client_config, self.topics.progress, partition, 0, None)
+        latest: dict[str, StreamCheckpoint] = {}
+        for record in records:
+            if not record.value:
+                continue
+            checkpoint = wire.decode(record.value)
+            if isinstance(checkpoint, StreamCheckpoint):
+                latest[checkpoint.request_id] = checkpoint
+        return latest
+
+    def _rebuild(
+        self,
+        tp: TopicPartition,
+        open_starts: dict[str, int],
+        checkpoints: dict[str, StreamCheckpoint],
+    ) -> None:
+        scratch = AudioPipeline(
+            dataclasses.replace(self.pipeline.config, per_partition=True), self.engine
+        )
+        wanted = {rid.encode(): start for rid, start in open_starts.items()}
+        start = min(open_starts.values())
+        batch: list[InputRecord] = []
+        for record in read_partition(
+            self.client_config, self.topics.chunks, tp.partition, start, tp.offset
+        ):
+            begin = wanted.get(record.key or b"")
+            if begin is not None and record.position.offset >= begin:
+                batch.append(record)
+            if len(batch) >= self.config.rebuild_batch:
+                scratch.step(batch, emit=False)
+                batch = []
+        if batch:
+            scratch.step(batch, emit=False)
+        for rid in open_starts:
+            rebuilt = scratch.windows_emitted(rid)
+            expected = checkpoints[rid].windows_emitted
+            if rebuilt != expected:
+                log.warning(
+                    "request %s: rebuilt %d windows, checkpoint says %d", rid, rebuilt, expected
+                )
+        self.pipeline.adopt_streams(scratch, list(open_starts), tp.partition)
+        self.metrics.recoveries.inc(len(open_starts))
+
+
+def install_stop_handlers(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set `stop`: the service finishes its step, commits and exits 0."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def read_partition(
+    client_config: dict[str, str],
+    topic: str,
+    partition: int,
+    start: int,
+    end: int | None,
+    timeout_s: float = 30.0,
+) -> list[InputRecord]:
+    """Every committed record of one partition from `start` up to `end` (exclusive), or up to
+    the partition's end (the last stable offset: read_committed) when `end` is None.
+    Uses assign(), no group commits."""
+    config: dict[str, Any] = dict(client_config)
+    config.update(
+        {
+            "group.id": "codeclog-reader",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    if end is not None and end <= start:
+        return []
+    consumer = Consumer(config)
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        return _read_until(consumer, TopicPartition(topic, partition), end, timeout_s)
+    finally:
+        consumer.close()
+
+
+def _read_until(
+    consumer: Consumer, tp: TopicPartition, end: int | None, timeout_s: float
+) -> list[InputRecord]:
+    records: list[InputRecord] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for message in consumer.consume(500, 0.2):
+            error = message.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                if end is None:
+                    return records
+                continue
+            record = VocoderService._record(message)
+            if record is not None and (end is None or record.position.offset < end):
+                records.append(record)
+        if end is not None and consumer.position([tp])[0].offset >= end:
+            return records
+    raise InfrastructureError(f"timed out reading {tp.topic}[{tp.partition}] up to offset {end}")

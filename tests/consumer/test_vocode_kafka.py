@@ -1,0 +1,154 @@
+"""The Code2Wav consumer on the real broker with the tiny vocoder: exactly once, isolation."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from consumers.fold.machine import Policy
+from consumers.pipeline import AudioPipeline, InputRecord, PipelineConfig, Position
+from consumers.service import VocodeConfig, VocoderService, read_partition
+from consumers.verify import actual_audio, verify
+from schemas import wire
+from schemas.records import CodecChunk, DeadLetter
+
+pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
+
+
+def _run_in_process(stack: Any, engine: Any, instance: str = "0") -> VocoderService:
+    config = VocodeConfig(group=stack.group, instance_id=instance, exit_when_idle_s=5.0)
+    service = VocoderService(stack.client, stack.topics, config, engine)
+    assert service.run() == 0
+    return service
+
+
+def _dead_letters(stack: Any) -> list[DeadLetter]:
+    letters = []
+    for record in read_partition(stack.client, stack.topics.dlq, 0, 0, None):
+        letter = wire.decode(record.value)
+        assert isinstance(letter, DeadLetter)
+        letters.append(letter)
+    return letters
+
+
+def test_sessions_end_to_end_match_an_offline_replay(stack: Any, tiny_engine: Any) -> None:
+    stack.publish_sessions(sessions=6, seconds=6, seed=11)
+    service = _run_in_process(stack, tiny_engine)
+    assert service.stats["windows"] > 0
+    report = verify(stack.client, stack.topics, tiny_engine)
+    assert report.ok, report.to_dict()
+    assert report.expected_windows == service.stats["windows"]
+    assert report.requests >= 6
+
+
+def test_sigkill_at_random_points_keeps_audio_exactly_once(stack: Any, tiny_engine: Any) -> None:
+    stack.publish_sessions(sessions=12, seconds=10, seed=5)
+    rng = random.Random(1234)
+    for _ in range(6):
+        process = stack.vocode("k", idle_s=30)
+        time.sleep(rng.uniform(2.5, 6.0))  # start-up, then somewhere inside the work
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    final = stack.vocode("k", idle_s=4)
+    assert final.wait(240) == 0, stack.logs()
+    report = verify(stack.client, stack.topics, tiny_engine)
+    assert report.ok, (report.to_dict(), stack.logs())
+    assert report.expected_windows > 50
+
+
+def test_two_members_and_a_rebalance_mid_stream_keep_audio_exactly_once(
+    stack: Any, tiny_engine: Any
+) -> None:
+    stack.publish_sessions(sessions=8, seconds=6, seed=9)
+    first = stack.vocode("a", idle_s=6)
+    stack.wait_for_log(first, "open streams up to offset", 120)
+    time.sleep(2)
+    second = stack.vocode("b", idle_s=6)  # joins: partitions move mid-stream
+    stack.wait_for_log(second, "open streams up to offset", 120)
+    time.sleep(2)
+    first.send_signal(signal.SIGTERM)  # leaves: its partitions move again
+    assert first.wait(60) == 0, stack.logs()
+    assert second.wait(240) == 0, stack.logs()
+    report = verify(stack.client, stack.topics, tiny_engine)
+    assert report.ok, (report.to_dict(), stack.logs())
+
+
+def _poison(stack: Any) -> list[tuple[bytes | None, bytes]]:
+    good = CodecChunk("p-out-of-range", (4218, 4218, 4218, *range(100, 124), 7000), 0, 0, 28, 25, 3)
+    unknown = b"\xc3\x01" + bytes(8) + b"\x02"
+    scenario = [
+        CodecChunk("p-stale", (4218,) * 3 + tuple(range(25)), 2, 0, 28, 25, 3),
+        CodecChunk("p-stale", (4218,) * 3 + tuple(range(25)), 1, 0, 28, 25, 3),  # T4
+        CodecChunk("p-dup", (4218,) * 3 + tuple(range(25)), 0, 0, 28, 25, 3),
+        CodecChunk("p-dup", (4218,) * 3 + tuple(range(24)) + (9,), 0, 0, 28, 25, 3),  # T6
+        CodecChunk("p-empty", (0,), 0, 0, 0),  # A3 empty non-final
+        CodecChunk("p-final", (1, 2, 3, 4), 0, 0, 4, last_chunk=True),
+        CodecChunk("p-final", (1, 2, 3, 4, 5), 0, 1, 5),  # T3 chunk after final
+        CodecChunk("", (1, 2, 3, 4), 0, 0),  # T1 missing request id
+        CodecChunk("p-neg", (1, 2, 3, 4), -1, 0),  # T2
+        CodecChunk("p-numel", (1, 2, 3), 0, 0, 9),  # invalid frame count
+    ]
+    records: list[tuple[bytes | None, bytes]] = [
+        (b"p-garbage", b"\x00\x01garbage"),
+        (b"p-unknown", unknown),
+        (b"p-out-of-range", wire.encode(good)),
+    ]
+    records += [(c.request_id.encode() or None, wire.encode(c)) for c in scenario]
+    return records
+
+
+def test_poison_records_are_dead_lettered_and_good_audio_is_unchanged(
+    stack: Any, tiny_engine: Any
+) -> None:
+    stack.publish_sessions(sessions=4, seconds=4, seed=3)
+    clean = _good_audio(stack, tiny_engine)
+    stack.publish_raw(_poison(stack))
+    stack.publish_sessions(sessions=4, seconds=4, seed=4)
+    _run_in_process(stack, tiny_engine)
+    reasons = {letter.reason for letter in _dead_letters(stack)}
+    assert {
+        "undecodable_record",
+        "invalid_codes",
+        "stale_cache_epoch",
+        "conflicting_duplicate",
+        "empty_nonfinal_chunk",
+        "chunk_after_final",
+        "missing_request_id",
+        "negative_stream_position",
+        "invalid_frame_count",
+    } <= reasons
+    windows, _ = actual_audio(stack.client, stack.topics)
+    for key, sha in clean.items():
+        assert windows[key] == [sha]
+    assert verify(stack.client, stack.topics, tiny_engine).ok
+
+
+def _good_audio(stack: Any, engine: Any) -> dict[tuple[str, int, int], str]:
+    pipeline = AudioPipeline(PipelineConfig(record_audio=True), engine, clock_ms=lambda: 0)
+    for partition in range(stack.topics.partitions):
+        records = read_partition(stack.client, stack.topics.chunks, partition, 0, None)
+        pipeline.step(
+            [
+                InputRecord(
+                    Position(r.position.topic, partition, r.position.offset), r.key, r.value
+                )
+                for r in records
+            ]
+        )
+    return {
+        (rid, w["cache_epoch"], w["window_index"]): w["sha256"]
+        for rid, audio in pipeline.audio.items()
+        for w in audio.windows
+    }
+
+
+def test_strict_policy_stops_at_the_first_rejection(stack: Any, tiny_engine: Any) -> None:
+    stack.publish_raw([(b"s1", wire.encode(CodecChunk("s1", (0,))))])
+    config = VocodeConfig(group=stack.group, policy=Policy.STRICT, exit_when_idle_s=5.0)
+    service = VocoderService(stack.client, stack.topics, config, tiny_engine)
+    assert service.run() == 3
+    assert [d.reason for d in _dead_letters(stack)] == ["chunk_below_lookahead_window"]
