@@ -336,7 +336,7 @@ class LagMeasurer:
 
     def partitions(self, topic: str) -> list[int]:
         try:
-            metadata = self._admin.list_topics(topic, timeout=self._timeout_s)
+            metadata = self._admin.list_topics(timeout=self._timeout_s)  # never auto-creates
         except KafkaException as exc:
             raise MeasureError(f"cannot reach the cluster: {_reason(exc)}") from exc
         found = metadata.topics.get(topic)

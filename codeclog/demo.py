@@ -1,0 +1,462 @@
+"""The end-to-end demo: local broker, topics, live duplex sessions, the Code2Wav consumer, lag.
+
+It runs the real parts only: a Kafka broker started from the cached jars, the synthetic talker
+publishing in real time, `codeclog vocode` as a separate process (the tiny vocoder on CPU by
+default; a real checkpoint when CODECLOG_TOKEN2WAV_DIR is set; the GPU when present), the lag
+monitor sampling every second, and at the end `verify` (exactly once, byte-identical).
+Outputs in --out: one WAV per request, summary.json, latency_lag.png, vocode.log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from codeclog.config import TopicsConfig
+from schemas import wire
+from schemas.records import SAMPLE_RATE_HZ, AudioChunk, DeadLetter
+
+ENV_CHECKPOINT = "CODECLOG_TOKEN2WAV_DIR"
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoOptions:
+    sessions: int = 6
+    seconds: float = 20.0
+    seed: int = 7
+    out_dir: Path = Path("demo-out")
+    bootstrap: str | None = None  # an existing cluster instead of a fresh local broker
+    vocoder: str | None = None  # default: $CODECLOG_TOKEN2WAV_DIR or "tiny"
+    device: str | None = None  # default: cuda when available, else cpu
+    verify: bool = True
+    partitions: int = 4
+
+
+@dataclasses.dataclass
+class Timeline:
+    """What the demo observed, stamped in seconds since the demo's talker started."""
+
+    latencies: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # (t, s)
+    lag: list[tuple[float, int, float, float]] = dataclasses.field(default_factory=list)
+    status: list[str] = dataclasses.field(default_factory=list)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _cluster(options: DemoOptions) -> Iterator[str]:
+    if options.bootstrap:
+        yield options.bootstrap
+        return
+    from codeclog.broker import LocalBroker
+
+    with tempfile.TemporaryDirectory(prefix="codeclog-demo-") as tmp:
+        broker = LocalBroker(Path(tmp) / "broker")
+        started = time.monotonic()
+        state = broker.start(progress=_say)
+        _say(f"[demo] broker ready at {state.bootstrap} in {time.monotonic() - started:.1f} s")
+        try:
+            yield state.bootstrap
+        finally:
+            broker.stop()
+            _say("[demo] broker stopped")
+
+
+def _default_device() -> str:
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def _start_vocoder(
+    bootstrap: str, topics_file: Path, options: DemoOptions, log_path: Path
+) -> subprocess.Popen[bytes]:
+    vocoder = options.vocoder or os.environ.get(ENV_CHECKPOINT) or "tiny"
+    device = options.device or _default_device()
+    _say(f"[demo] starting the Code2Wav consumer: vocoder={vocoder} device={device}")
+    command = [
+        sys.executable,
+        "-m",
+        "codeclog.cli",
+        "vocode",
+        "--bootstrap",
+        bootstrap,
+        "--topics-config",
+        str(topics_file),
+        "--vocoder",
+        vocoder,
+        "--device",
+        device,
+        "--instance-id",
+        "demo",
+    ]
+    with log_path.open("wb") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+class AudioCollector(threading.Thread):
+    """Reads the audio topic (read_committed) as it is written; keeps chunks and latencies."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, t0: float) -> None:
+        super().__init__(daemon=True)
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "codeclog-demo-listener",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self.chunks: list[AudioChunk] = []
+        self.latencies: list[tuple[float, float]] = []
+        self.t0 = t0
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            for message in self.consumer.consume(200, 0.1):
+                if message.error() is not None:
+                    continue
+                self._take(message.value() or b"")
+
+    def _take(self, value: bytes) -> None:
+        chunk = wire.decode(value)
+        if not isinstance(chunk, AudioChunk):
+            return
+        now = time.time()
+        self.chunks.append(chunk)
+        if chunk.source_produced_at_ms > 0:
+            latency = max(0.0, now - chunk.source_produced_at_ms / 1000)
+            self.latencies.append((now - self.t0, latency))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(5)
+        self.consumer.close()
+
+
+class LagSampler(threading.Thread):
+    """Samples the consumer group's lag once a second with the lag monitor."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, t0: float) -> None:
+        super().__init__(daemon=True)
+        from lag.monitor import LagMonitor
+
+        self.monitor = LagMonitor({"bootstrap.servers": bootstrap}, group, topic)
+        self.samples: list[tuple[float, int, float, float]] = []
+        self.statuses: list[str] = []
+        self.t0 = t0
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                report = self.monitor.sample(int(time.time() * 1000))
+            except Exception as exc:  # the demo keeps going; the sample is just missing
+                self.statuses.append(f"error: {exc}")
+                continue
+            self.samples.append(
+                (
+                    time.time() - self.t0,
+                    report.total_lag or 0,
+                    report.max_time_lag_s or 0.0,
+                    report.total_audio_lag_s or 0.0,
+                )
+            )
+            self.statuses.append(str(report.status.value))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(5)
+        self.monitor.close()
+
+
+def _talk(bootstrap: str, topics: TopicsConfig, options: DemoOptions, show: Any) -> dict[str, Any]:
+    from producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
+    from producers.synthetic import SyntheticConfig, merged, play, scripts
+
+    synthetic = SyntheticConfig(
+        sessions=options.sessions, seconds=options.seconds, seed=options.seed
+    )
+    publisher = ChunkPublisher(
+        {"bootstrap.servers": bootstrap},
+        PublisherConfig(topic=topics.chunks, producer_id="demo-talker", linger_ms=1.0),
+    )
+    talker = Talker(publisher, producer_id="demo-talker", native_duplex=True)
+    session_scripts = scripts(synthetic)
+    try:
+        play(
+            merged(session_scripts),
+            talker.apply,
+            total_s=synthetic.seconds,
+            realtime=True,
+            clock=time.monotonic,
+            sleep=time.sleep,
+            now_ms=wall_clock_ms,
+            on_progress=show,
+        )
+    finally:
+        report = publisher.close(30)
+    stats = publisher.stats
+    return {
+        "sessions": options.sessions,
+        "published": stats.delivered,
+        "failed": stats.failed,
+        "undelivered": report.undelivered,
+        "talker_audio_seconds": round(talker.stats.audio_seconds, 2),
+    }
+
+
+def _wait_drained(collector: AudioCollector, sampler: LagSampler, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last_count, stable_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        count = len(collector.chunks)
+        lag_zero = bool(sampler.samples) and sampler.samples[-1][1] == 0
+        if count != last_count:
+            last_count, stable_since = count, time.monotonic()
+        elif lag_zero and time.monotonic() - stable_since > 2.0:
+            return
+    _say("[demo] warning: the consumer did not drain within the timeout")
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def write_wavs(chunks: list[AudioChunk], out_dir: Path) -> dict[str, float]:
+    by_request: dict[str, list[AudioChunk]] = {}
+    for chunk in chunks:
+        by_request.setdefault(chunk.request_id, []).append(chunk)
+    seconds: dict[str, float] = {}
+    wav_dir = out_dir / "wav"
+    wav_dir.mkdir(parents=True, exist_ok=True)
+    for rid, items in sorted(by_request.items()):
+        pcm = b"".join(c.pcm_s16le for c in items)
+        with wave.open(str(wav_dir / f"{rid}.wav"), "wb") as wav:
+            wav.setnchannels(1)
+            wav.setsampwidth(2)
+            wav.setframerate(SAMPLE_RATE_HZ)
+            wav.writeframes(pcm)
+        seconds[rid] = len(pcm) / 2 / SAMPLE_RATE_HZ
+    return seconds
+
+
+def _dead_letters(bootstrap: str, topics: TopicsConfig) -> dict[str, int]:
+    from consumers.service import read_partition
+
+    reasons: dict[str, int] = {}
+    for partition in range(topics.dlq_partitions):
+        for record in read_partition(
+            {"bootstrap.servers": bootstrap}, topics.dlq, partition, 0, None
+        ):
+            letter = wire.decode(record.value)
+            if isinstance(letter, DeadLetter):
+                reasons[letter.reason] = reasons.get(letter.reason, 0) + 1
+    return reasons
+
+
+def plot(timeline: Timeline, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _say("[demo] matplotlib is not installed: no plot (pip install 'codeclog[plot]')")
+        return False
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    if timeline.latencies:
+        xs, ys = zip(*timeline.latencies, strict=True)
+        top.plot(xs, [y * 1000 for y in ys], ".", markersize=3)
+    top.set_ylabel("chunk latency (ms)")
+    top.set_title("codeclog demo: produced_at -> audio committed")
+    if timeline.lag:
+        ts, records, time_lag, audio_lag = zip(*timeline.lag, strict=True)
+        bottom.plot(ts, records, label="lag (records)")
+        bottom.plot(ts, audio_lag, label="unvocoded audio (s)")
+        bottom.plot(ts, time_lag, label="time lag (s)")
+        bottom.legend(loc="upper right")
+    bottom.set_xlabel("seconds since the talker started")
+    bottom.set_ylabel("lag")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return True
+
+
+def _stop_vocoder(process: subprocess.Popen[bytes]) -> int:
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+def run_demo(options: DemoOptions) -> int:
+    from codeclog.topics import ensure_topics
+
+    started = time.monotonic()
+    options.out_dir.mkdir(parents=True, exist_ok=True)
+    topics = TopicsConfig(partitions=options.partitions)
+    topics_file = options.out_dir / "topics.json"
+    topics_file.write_text(json.dumps({"partitions": options.partitions}))
+    with _cluster(options) as bootstrap:
+        client = {"bootstrap.servers": bootstrap}
+        ensure_topics(client, topics)
+        vocoder = _start_vocoder(bootstrap, topics_file, options, options.out_dir / "vocode.log")
+        t0 = time.time()
+        collector = AudioCollector(bootstrap, topics.audio, topics.partitions, t0)
+        sampler = LagSampler(bootstrap, "codeclog-vocoder", topics.chunks, t0)
+        collector.start()
+        sampler.start()
+        show = _progress_printer(collector, sampler, vocoder)
+        talk = _talk(bootstrap, topics, options, show)
+        print(file=sys.stderr)
+        _say("[demo] talker done; waiting for the consumer to drain")
+        _wait_drained(collector, sampler, timeout_s=60)
+        code = _stop_vocoder(vocoder)
+        collector.stop()
+        sampler.stop()
+        summary = _summarise(talk, collector, sampler, bootstrap, topics, options, code)
+        if options.verify:
+            summary["verify"] = _verify(bootstrap, topics_file, options)
+    summary["elapsed_s"] = round(time.monotonic() - started, 1)
+    _report(summary, options.out_dir)
+    healthy = code == 0 and summary.get("verify", {"ok": True})["ok"] and talk["failed"] == 0
+    return 0 if healthy else 1
+
+
+def _progress_printer(
+    collector: AudioCollector, sampler: LagSampler, vocoder: subprocess.Popen[bytes]
+) -> Any:
+    def show(progress: Any) -> None:
+        lag = sampler.samples[-1] if sampler.samples else (0, 0, 0.0, 0.0)
+        status = sampler.statuses[-1] if sampler.statuses else "-"
+        alive = "up" if vocoder.poll() is None else f"exited {vocoder.returncode}"
+        line = (
+            f"\r[demo] t={progress.timeline_s:5.1f}/{progress.total_s:.0f}s "
+            f"chunks={progress.records:5d} audio windows={len(collector.chunks):5d} "
+            f"lag={lag[1]:3d} rec {lag[3]:5.2f} s audio  status={status:6s} vocoder={alive}   "
+        )
+        print(line, end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _summarise(
+    talk: dict[str, Any],
+    collector: AudioCollector,
+    sampler: LagSampler,
+    bootstrap: str,
+    topics: TopicsConfig,
+    options: DemoOptions,
+    vocoder_exit: int,
+) -> dict[str, Any]:
+    seconds = write_wavs(collector.chunks, options.out_dir)
+    latencies = [latency for _, latency in collector.latencies]
+    timeline = Timeline(collector.latencies, sampler.samples, sampler.statuses)
+    plotted = plot(timeline, options.out_dir / "latency_lag.png")
+    return {
+        **talk,
+        "requests_with_audio": len(seconds),
+        "audio_seconds": round(sum(seconds.values()), 2),
+        "audio_windows": len(collector.chunks),
+        "rejections": _dead_letters(bootstrap, topics),
+        "chunk_latency_ms": {
+            "p50": round(_percentile(latencies, 50) * 1000, 1),
+            "p99": round(_percentile(latencies, 99) * 1000, 1),
+        },
+        "peak_lag": {
+            "records": max((s[1] for s in sampler.samples), default=0),
+            "time_s": round(max((s[2] for s in sampler.samples), default=0.0), 2),
+            "audio_s": round(max((s[3] for s in sampler.samples), default=0.0), 2),
+        },
+        "lag_statuses": sorted(set(sampler.statuses)),
+        "vocoder_exit_code": vocoder_exit,
+        "plot": str(options.out_dir / "latency_lag.png") if plotted else None,
+        "wav_dir": str(options.out_dir / "wav"),
+    }
+
+
+def _verify(bootstrap: str, topics_file: Path, options: DemoOptions) -> dict[str, Any]:
+    from consumers.verify import verify
+    from vocoder.engine import Code2WavEngine
+
+    _say("[demo] verifying: offline replay of every chunk vs the audio topic")
+    engine = Code2WavEngine.from_spec(
+        options.vocoder or os.environ.get(ENV_CHECKPOINT) or "tiny",
+        device=options.device or _default_device(),
+    )
+    topics = TopicsConfig.load(topics_file)
+    report = verify({"bootstrap.servers": bootstrap}, topics, engine)
+    return {
+        "ok": report.ok,
+        "expected_windows": report.expected_windows,
+        "actual_windows": report.actual_windows,
+        "missing": len(report.missing),
+        "duplicated": len(report.duplicated),
+        "mismatched": len(report.mismatched),
+        "unexpected": len(report.unexpected),
+    }
+
+
+def _report(summary: dict[str, Any], out_dir: Path) -> None:
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    rejections = ", ".join(f"{k} {v}" for k, v in sorted(summary["rejections"].items())) or "none"
+    rows = [
+        ("sessions", summary["sessions"]),
+        ("chunks published", f"{summary['published']} ({summary['failed']} failed)"),
+        ("requests with audio", summary["requests_with_audio"]),
+        ("audio", f"{summary['audio_seconds']} s in {summary['audio_windows']} windows"),
+        ("rejections by reason", rejections),
+        (
+            "chunk latency p50 / p99",
+            f"{summary['chunk_latency_ms']['p50']} / {summary['chunk_latency_ms']['p99']} ms",
+        ),
+        (
+            "peak lag",
+            f"{summary['peak_lag']['records']} records, {summary['peak_lag']['time_s']} s, "
+            f"{summary['peak_lag']['audio_s']} s of audio",
+        ),
+        ("lag statuses seen", ", ".join(summary["lag_statuses"]) or "-"),
+    ]
+    verify = summary.get("verify")
+    if verify is not None:
+        verdict = "exactly once, byte-identical" if verify["ok"] else f"FAILED {verify}"
+        rows.append(("verify", verdict))
+    rows += [
+        ("WAV files", summary["wav_dir"]),
+        ("plot", summary["plot"] or "-"),
+        ("elapsed", f"{summary['elapsed_s']} s"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print("\ncodeclog demo summary")
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")
