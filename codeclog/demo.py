@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -27,10 +28,15 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from codeclog.config import TopicsConfig
+from codeclog.errors import CodeclogError
 from schemas import wire
 from schemas.records import SAMPLE_RATE_HZ, AudioChunk, DeadLetter
 
 ENV_CHECKPOINT = "CODECLOG_TOKEN2WAV_DIR"
+
+
+class DemoError(CodeclogError):
+    """The demo cannot go on (a part it started failed)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,16 +130,17 @@ class AudioCollector(threading.Thread):
                 "group.id": "codeclog-demo-listener",
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
+                "logger": logging.getLogger("codeclog.kafka"),
             }
         )
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.chunks: list[AudioChunk] = []
         self.latencies: list[tuple[float, float]] = []
         self.t0 = t0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             for message in self.consumer.consume(200, 0.1):
                 if message.error() is not None:
                     continue
@@ -150,7 +157,7 @@ class AudioCollector(threading.Thread):
             self.latencies.append((now - self.t0, latency))
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(5)
         self.consumer.close()
 
@@ -162,14 +169,15 @@ class LagSampler(threading.Thread):
         super().__init__(daemon=True)
         from lag.monitor import LagMonitor
 
-        self.monitor = LagMonitor({"bootstrap.servers": bootstrap}, group, topic)
+        client = {"bootstrap.servers": bootstrap, "logger": logging.getLogger("codeclog.kafka")}
+        self.monitor = LagMonitor(client, group, topic)
         self.samples: list[tuple[float, int, float, float]] = []
         self.statuses: list[str] = []
         self.t0 = t0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(1.0):
+        while not self._halt.wait(1.0):
             try:
                 report = self.monitor.sample(int(time.time() * 1000))
             except Exception as exc:  # the demo keeps going; the sample is just missing
@@ -186,7 +194,7 @@ class LagSampler(threading.Thread):
             self.statuses.append(str(report.status.value))
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(5)
         self.monitor.close()
 
@@ -323,6 +331,7 @@ def run_demo(options: DemoOptions) -> int:
     from codeclog.topics import ensure_topics
 
     started = time.monotonic()
+    logging.getLogger("codeclog.kafka").setLevel(logging.CRITICAL)  # reconnect noise
     options.out_dir.mkdir(parents=True, exist_ok=True)
     topics = TopicsConfig(partitions=options.partitions)
     topics_file = options.out_dir / "topics.json"
@@ -330,7 +339,9 @@ def run_demo(options: DemoOptions) -> int:
     with _cluster(options) as bootstrap:
         client = {"bootstrap.servers": bootstrap}
         ensure_topics(client, topics)
-        vocoder = _start_vocoder(bootstrap, topics_file, options, options.out_dir / "vocode.log")
+        log_path = options.out_dir / "vocode.log"
+        vocoder = _start_vocoder(bootstrap, topics_file, options, log_path)
+        _wait_ready(vocoder, log_path, timeout_s=180)
         t0 = time.time()
         collector = AudioCollector(bootstrap, topics.audio, topics.partitions, t0)
         sampler = LagSampler(bootstrap, "codeclog-vocoder", topics.chunks, t0)
@@ -351,6 +362,19 @@ def run_demo(options: DemoOptions) -> int:
     _report(summary, options.out_dir)
     healthy = code == 0 and summary.get("verify", {"ok": True})["ok"] and talk["failed"] == 0
     return 0 if healthy else 1
+
+
+def _wait_ready(process: subprocess.Popen[bytes], log_path: Path, timeout_s: float) -> None:
+    """Wait until the consumer holds its partitions (it logs its recovery per partition)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if process.poll() is not None:
+            raise DemoError(f"the consumer exited with {process.returncode}; see {log_path}")
+        if "open streams up to offset" in log_path.read_text(errors="replace"):
+            _say(f"[demo] consumer ready in {time.monotonic() - started:.1f} s")
+            return
+        time.sleep(0.2)
+    raise DemoError(f"the consumer was not ready after {timeout_s:.0f} s; see {log_path}")
 
 
 def _progress_printer(

@@ -80,9 +80,10 @@ def stream_seed(request_id: str, cache_epoch: int) -> int:
 
 
 def pcm_s16le(samples: np.ndarray) -> bytes:
-    """Float audio in [-1, 1] as 16-bit little-endian PCM (clipped, rounded half to even)."""
+    """Float audio in [-1, 1] as 16-bit little-endian PCM: clipped, x32767, truncated toward
+    zero, exactly as the upstream Token2wav and vocoder.engine.pcm_s16le convert."""
     clipped = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0)
-    return np.rint(clipped * 32767.0).astype("<i2").tobytes()
+    return (clipped * np.float32(32767.0)).astype("<i2").tobytes()
 
 
 @dataclasses.dataclass(slots=True)

@@ -147,4 +147,4 @@ def test_emit_false_reports_nothing() -> None:
 
 def test_pcm_conversion_clips_and_rounds() -> None:
     pcm = pcm_s16le(np.array([2.0, -2.0, 0.5, 0.0], dtype=np.float32))
-    assert np.frombuffer(pcm, "<i2").tolist() == [32767, -32767, 16384, 0]
+    assert np.frombuffer(pcm, "<i2").tolist() == [32767, -32767, 16383, 0]
