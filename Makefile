@@ -9,7 +9,7 @@ setup:
 	@bash scripts/bootstrap.sh >/dev/null
 
 demo: setup
-	$(VENV)/bin/codeclog demo
+	$(VENV)/bin/codeclog demo $(DEMO_ARGS)
 
 lint: setup
 	$(PY) -m ruff check .
