@@ -1,0 +1,120 @@
+"""Determinism across processes, and the vocoder's import boundaries (checked in subprocesses).
+
+Two fresh interpreters with different global RNG seeds (torch, numpy, random, and extra global
+draws before and during the run) decode the golden stream: the PCM must be byte-identical,
+because nothing in the vocoder may read the global RNG.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.vocoder, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+DECODE_SCRIPT = """
+import hashlib, random, sys
+import numpy as np
+import torch
+seed = int(sys.argv[1])
+random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
+torch.rand(seed % 97 + 1)  # shift the global stream differently in each process
+from vocoder.engine import Code2WavEngine, pcm_s16le, stream_seed
+from vocoder.flow import canonical_windows
+engine = Code2WavEngine.tiny()
+ids = [4218] * 3 + [(i * 7919 + 13) % 6561 for i in range(60)]
+state = engine.setup(seed=stream_seed("golden-request", 0))
+pcm = b""
+for window, final in canonical_windows(ids):
+    torch.randn(seed % 13 + 1)  # global draws between windows must not matter either
+    [(audio, state)] = engine.decode_batch([(state, window, final)])
+    pcm += pcm_s16le(audio)
+print(hashlib.sha256(pcm).hexdigest())
+"""
+
+
+def _spawn(code: str, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONHASHSEED": args[0] if args else "0"}
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(process: subprocess.Popen[str]) -> str:
+    stdout, stderr = process.communicate(timeout=240)
+    assert process.returncode == 0, stderr[-2000:]
+    return stdout.strip().splitlines()[-1]
+
+
+def test_two_processes_with_different_global_seeds_give_identical_pcm() -> None:
+    first, second = _spawn(DECODE_SCRIPT, "1"), _spawn(DECODE_SCRIPT, "31337")
+    digest_first, digest_second = _finish(first), _finish(second)
+    assert len(digest_first) == 64
+    assert digest_first == digest_second
+    golden = json.loads((Path(__file__).parent / "data" / "engine_golden_tiny.json").read_text())
+    version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    pinned = golden["sha256"].get(f"torch-{version}/{platform.machine()}")
+    if pinned is not None:  # the same stream as test_engine_streaming's golden
+        assert digest_first == pinned
+
+
+BOUNDARY_SCRIPT = """
+import sys
+import vocoder.engine, vocoder.fixture, vocoder.checkpoint, vocoder.voice  # noqa: F401
+banned = ("confluent_kafka", "fastavro", "avro", "schemas", "consumers", "producers")
+print(sorted(name for name in sys.modules if name.split(".")[0] in banned))
+"""
+
+
+def test_vocoder_imports_neither_kafka_nor_avro_nor_records() -> None:
+    assert _finish(_spawn(BOUNDARY_SCRIPT)) == "[]"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import confluent_kafka",
+        "from fastavro import parse_schema",
+        "from schemas.records import CodecChunk",
+        "import consumers.fold",
+        "from producers import talker",
+    ],
+)
+def test_ruff_bans_pipeline_imports_inside_vocoder(source: str) -> None:
+    """vocoder/ruff.toml (TID251): the lint gate, checked on a virtual file under vocoder/."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--stdin-filename", "vocoder/_probe.py", "-"],
+        cwd=REPO,
+        input=source + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "TID251" in result.stdout
+
+
+def test_ruff_allows_the_same_imports_outside_vocoder() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--select", "TID251", "--stdin-filename",
+         "consumers/_probe.py", "-"],
+        cwd=REPO,
+        input="import confluent_kafka  # noqa: F401\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert "TID251" not in result.stdout

@@ -1,0 +1,239 @@
+"""Batching never changes a request's bytes: batch == solo exactly, isolation, re-chunking."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator, Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("torch")
+
+import torch
+
+from vocoder.flow import (
+    FlowConfig,
+    FlowInputError,
+    FlowRejectReason,
+    FlowState,
+    Token2WavFlow,
+    canonical_windows,
+)
+from vocoder.flow.stable import StableConv1d, stable_linear
+
+pytestmark = pytest.mark.vocoder
+
+PROMPT_TOKENS = 12
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def flow() -> Token2WavFlow:
+    return Token2WavFlow(dataclasses.replace(FlowConfig.tiny(), n_timesteps=4))
+
+
+def prompt(flow: Token2WavFlow, seed: int, tokens: int = PROMPT_TOKENS) -> FlowState:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, flow.config.vocab_size, (tokens,), generator=g)
+    mel = torch.randn(2 * tokens, flow.config.mel_dim, generator=g)
+    return flow.prepare_prompt(ids, mel, torch.randn(flow.config.spk_embed_dim, generator=g))
+
+
+def stream(seed: int, length: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 6561, (length,), generator=g).tolist()
+
+
+def solo_run(flow: Token2WavFlow, state: FlowState, ids: Sequence[int]) -> list[bytes]:
+    """Mel bytes per canonical window of a stream decoded alone, then the final state's."""
+    out = []
+    for window, last in canonical_windows(ids):
+        mel, [state] = flow.decode_chunk_batch([state], torch.tensor([window]), last)
+        out.append(mel.numpy().tobytes())
+    return [*out, state.to_bytes()]
+
+
+@pytest.fixture(scope="module")
+def voices(flow: Token2WavFlow) -> list[FlowState]:
+    return [prompt(flow, seed) for seed in range(5)]
+
+
+# (case id, number of requests, window ids, last_chunk)
+BATCH_CASES = [
+    ("pair-canonical", 2, 28, False),
+    ("five-canonical", 5, 28, False),
+    ("three-short-unit", 3, 8, False),
+    ("four-minimum", 4, 4, False),
+    ("five-final", 5, 17, True),
+    ("two-final-one-id", 2, 1, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("count", "width", "last"),
+    [(n, w, last) for _, n, w, last in BATCH_CASES],
+    ids=[c for c, *_ in BATCH_CASES],
+)
+def test_batch_equals_solo_exactly(
+    flow: Token2WavFlow, voices: list[FlowState], count: int, width: int, last: bool
+) -> None:
+    # Advance every voice by one window first so the caches are not the setup caches.
+    warm_ids = torch.tensor([stream(50 + i, 28) for i in range(count)])
+    _, states = flow.decode_chunk_batch(voices[:count], warm_ids, False)
+    tokens = torch.tensor([stream(100 + i, width) for i in range(count)])
+    mel, batched = flow.decode_chunk_batch(states, tokens, last)
+    for row in range(count):
+        solo_mel, [solo] = flow.decode_chunk_batch([states[row]], tokens[row : row + 1], last)
+        assert torch.equal(mel[row : row + 1], solo_mel), f"row {row} mel differs"
+        assert batched[row].to_bytes() == solo.to_bytes(), f"row {row} state differs"
+
+
+def test_batch_position_and_mates_do_not_matter(
+    flow: Token2WavFlow, voices: list[FlowState]
+) -> None:
+    tokens = torch.tensor([stream(200 + i, 28) for i in range(5)])
+    reference, _ = flow.decode_chunk_batch(voices, tokens, False)
+    for order in ([4, 3, 2, 1, 0], [2, 0], [1, 4, 3], [3]):
+        mel, _ = flow.decode_chunk_batch([voices[i] for i in order], tokens[order], False)
+        for slot, row in enumerate(order):
+            assert torch.equal(mel[slot], reference[row]), (order, row)
+
+
+def test_request_isolation_under_every_interleaving(
+    flow: Token2WavFlow, voices: list[FlowState]
+) -> None:
+    ids = {"a": stream(1, 2 * 25 + 3 + 4), "b": stream(2, 2 * 25 + 3 + 9)}
+    windows = {key: canonical_windows(value) for key, value in ids.items()}
+    expected = {key: solo_run(flow, voices[i], ids[key]) for i, key in enumerate(("a", "b"))}
+    steps = ["a"] * len(windows["a"]) + ["b"] * len(windows["b"])
+    for schedule in sorted(set(itertools.permutations(steps))):
+        states = {"a": voices[0], "b": voices[1]}
+        got: dict[str, list[bytes]] = {"a": [], "b": []}
+        for key in schedule:
+            window, last = windows[key][len(got[key])]
+            mel, [states[key]] = flow.decode_chunk_batch(
+                [states[key]], torch.tensor([window]), last
+            )
+            got[key].append(mel.numpy().tobytes())
+        for key, state in states.items():
+            got[key].append(state.to_bytes())
+        assert got == expected, schedule
+
+
+def decode_grouped(
+    flow: Token2WavFlow, states: list[FlowState], rows: list[list[int]], last: bool
+) -> tuple[list[torch.Tensor], list[FlowState], int]:
+    """What an engine does: one batch per shape signature. Returns per-row mel, new states and
+    the size of the target's (row 0's) batch."""
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for index, state in enumerate(states):
+        groups.setdefault(state.shape_signature(), []).append(index)
+    mels: list[torch.Tensor] = [torch.empty(0)] * len(states)
+    new = list(states)
+    target_batch = 0
+    for members in groups.values():
+        mel, out = flow.decode_chunk_batch(
+            [states[i] for i in members], torch.tensor([rows[i] for i in members]), last
+        )
+        for slot, index in enumerate(members):
+            mels[index], new[index] = mel[slot], out[slot]
+        target_batch = len(members) if 0 in members else target_batch
+    return mels, new, target_batch
+
+
+def test_rechunked_stream_is_identical_whatever_the_batching(
+    flow: Token2WavFlow, voices: list[FlowState]
+) -> None:
+    """Canonical 25 + 3 windows of one stream give the same mel alone, or batched with mates
+    at any phase of their own streams (the schedule, not the batching, fixes the audio)."""
+    target = stream(7, 4 * 25 + 3 + 11)
+    expected = solo_run(flow, voices[0], target)
+    for mates in (1, 3):
+        for skew in (0, 1, 2):
+            states = [voices[0]] + [voices[1 + m] for m in range(mates)]
+            for m in range(mates):  # put each mate `skew + m` windows ahead of the target
+                for _ in range(skew + m):
+                    _, [states[1 + m]] = flow.decode_chunk_batch(
+                        [states[1 + m]], torch.tensor([stream(300 + m, 28)]), False
+                    )
+            got, batch_sizes = [], []
+            for window, last in canonical_windows(target):
+                rows = [list(window)] + [stream(400 + m, len(window)) for m in range(mates)]
+                mels, states, size = decode_grouped(flow, states, rows, last)
+                got.append(mels[0][None].numpy().tobytes())
+                batch_sizes.append(size)
+            got.append(states[0].to_bytes())  # chunks_done too: each row keeps its own count
+            assert got == expected, (mates, skew)
+            # once every cache is trimmed to prompt + 100 frames, all requests share one batch
+            assert batch_sizes[-1] == mates + 1, (mates, skew, batch_sizes)
+
+
+def test_unequal_signatures_are_refused(flow: Token2WavFlow, voices: list[FlowState]) -> None:
+    _, [ahead] = flow.decode_chunk_batch([voices[1]], torch.tensor([stream(1, 28)]), False)
+    with pytest.raises(FlowInputError) as caught:
+        flow.decode_chunk_batch([voices[0], ahead], torch.tensor([stream(1, 28)] * 2), False)
+    assert caught.value.reason is FlowRejectReason.STATE_SIGNATURE_MISMATCH
+    shorter = prompt(flow, seed=9, tokens=PROMPT_TOKENS - 1)
+    with pytest.raises(FlowInputError):
+        flow.decode_chunk_batch([voices[0], shorter], torch.tensor([stream(1, 28)] * 2), False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(min_value=1, max_value=70),
+    offset=st.integers(min_value=0, max_value=9),
+    width=st.sampled_from([32, 80, 96, 192, 256, 320]),
+)
+def test_stable_linear_rows_do_not_depend_on_their_neighbours(
+    rows: int, offset: int, width: int
+) -> None:
+    """Property behind batch == solo: a row's GEMM result is the same alone and in any block."""
+    g = torch.Generator().manual_seed(rows * 131 + width)
+    weight, bias = torch.randn(48, width, generator=g), torch.randn(48, generator=g)
+    x = torch.randn(offset + rows + 5, width, generator=g)
+    block = stable_linear(x[offset : offset + rows], weight, bias)
+    for index in (0, rows - 1):
+        alone = stable_linear(x[offset + index : offset + index + 1], weight, bias)
+        assert torch.equal(block[index : index + 1], alone)
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(min_value=2, max_value=6), frames=st.integers(min_value=3, max_value=40))
+def test_stable_conv_batch_rows_equal_solo(batch: int, frames: int) -> None:
+    conv = StableConv1d(16, 24, 3).to_empty(device="cpu")
+    assert conv.bias is not None
+    g = torch.Generator().manual_seed(batch * 100 + frames)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=g))
+        conv.bias.copy_(torch.randn(conv.bias.shape, generator=g))
+        x = torch.randn(batch, 16, frames, generator=g)
+        together = conv(x)
+        reference = torch.nn.functional.conv1d(x, conv.weight, conv.bias)
+        for row in range(batch):
+            assert torch.equal(together[row : row + 1], conv(x[row : row + 1]))
+    assert torch.allclose(together, reference, atol=1e-4)  # it is still the same convolution
+
+
+@pytest.mark.slow
+def test_full_size_batch_equals_solo_exactly() -> None:
+    """The published sizes take other GEMM shapes than tiny: check them too (2 Euler steps)."""
+    flow = Token2WavFlow(dataclasses.replace(FlowConfig.full(), n_timesteps=2))
+    states = [prompt(flow, seed, tokens=4) for seed in range(3)]
+    for width, last in ((28, False), (2, True)):
+        tokens = torch.tensor([stream(500 + i + width, width) for i in range(3)])
+        mel, batched = flow.decode_chunk_batch(states, tokens, last)
+        for row in range(3):
+            solo_mel, [solo] = flow.decode_chunk_batch([states[row]], tokens[row : row + 1], last)
+            assert torch.equal(mel[row : row + 1], solo_mel), (width, row)
+            assert batched[row].to_bytes() == solo.to_bytes(), (width, row)
+        states = batched

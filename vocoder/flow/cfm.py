@@ -1,0 +1,105 @@
+"""Conditional flow matching: cosine schedule, Euler solver, classifier-free guidance.
+
+Follows `stepaudio2.cosyvoice2.flow.flow_matching.CausalConditionalCFM.forward_chunk` /
+`solve_euler_chunk` operation by operation, for B requests at once. The estimator sees 2B rows
+laid out [cond x B | uncond x B]; the unconditional rows get zero mu, speaker and condition.
+
+Noise: upstream registers `rand_noise = randn(1, 80, 30000)` drawn from the global RNG when the
+module is built (so it is not in flow.pt and depends on whatever ran before). Here the same
+position-indexed table is drawn once from a `torch.Generator` seeded with `config.noise_seed`.
+A chunk reads `noise[:, :, offset : offset + F]` with offset = the estimator attention cache
+length, exactly as upstream; after trimming that length stays at prompt + keep frames, so every
+later chunk reuses the same slice (upstream behaviour, kept on purpose).
+
+Caches (per timestep): cnn (n_t, depth, 2B, 2 hidden, 2); attention (n_t, depth, 2B, heads, T,
+2 head_dim), newest frames first.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vocoder.flow.config import FlowConfig
+from vocoder.flow.dit import DiT
+
+
+def draw_noise_table(config: FlowConfig) -> Tensor:
+    """The (1, mel_dim, noise_frames) float32 CPU table; same bits on every machine."""
+    generator = torch.Generator(device="cpu").manual_seed(config.noise_seed)
+    return torch.randn([1, config.mel_dim, config.noise_frames], generator=generator)
+
+
+def cosine_t_span(n_timesteps: int, like: Tensor) -> Tensor:
+    t_span = torch.linspace(0, 1, n_timesteps + 1, device=like.device, dtype=like.dtype)
+    return 1 - torch.cos(t_span * 0.5 * torch.pi)
+
+
+class ConditionalFlowMatching(nn.Module):
+    """Holds the estimator (so its weights are `decoder.estimator.*`) and the noise table."""
+
+    def __init__(self, config: FlowConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.estimator = DiT(config)
+        self.register_buffer("noise", torch.empty(0), persistent=False)
+
+    def fill_buffers(self) -> None:
+        weight = self.estimator.in_proj.weight
+        self.noise = draw_noise_table(self.config).to(device=weight.device, dtype=weight.dtype)
+
+    def forward_chunk(
+        self,
+        mu: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        cnn_cache: Tensor | None,
+        att_cache: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """mu, cond (B, mel, F); spks (B, mel) -> mel (B, mel, F), new cnn and att caches."""
+        offset = att_cache.shape[4] if att_cache is not None else 0
+        frames = mu.shape[2]
+        z = self.noise[:, :, offset : offset + frames] * 1.0  # upstream: * temperature (1.0)
+        x = z.expand(mu.shape[0], -1, -1)
+        t_span = cosine_t_span(self.config.n_timesteps, mu)
+        return self._solve_euler(x, t_span, mu, spks, cond, cnn_cache, att_cache)
+
+    def _solve_euler(
+        self,
+        x: Tensor,
+        t_span: Tensor,
+        mu: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        cnn_cache: Tensor | None,
+        att_cache: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        rate = self.config.inference_cfg_rate
+        rows, frames = 2 * mu.shape[0], mu.shape[2]
+        cached = att_cache.shape[4] if att_cache is not None else 0
+        t, dt = t_span[0].unsqueeze(dim=0), t_span[1] - t_span[0]
+        mu_in = torch.cat([mu, torch.zeros_like(mu)], dim=0)
+        spks_in = torch.cat([spks, torch.zeros_like(spks)], dim=0)
+        cond_in = torch.cat([cond, torch.zeros_like(cond)], dim=0)
+        steps = len(t_span) - 1
+        new_att = mu.new_empty((steps, *self.estimator.att_cache_shape(rows, frames + cached)))
+        new_cnn = []
+        for step in range(1, steps + 1):
+            dphi_dt, step_cnn = self.estimator.forward_chunk(
+                torch.cat([x, x], dim=0),
+                mu_in,
+                t.expand(rows),
+                spks_in,
+                cond_in,
+                cnn_cache[step - 1] if cnn_cache is not None else None,
+                att_cache[step - 1] if att_cache is not None else None,
+                new_att[step - 1],
+            )
+            new_cnn.append(step_cnn)
+            dphi_dt, cfg_dphi_dt = dphi_dt.chunk(2, dim=0)
+            dphi_dt = (1.0 + rate) * dphi_dt - rate * cfg_dphi_dt
+            x = x + dt * dphi_dt
+            t = t + dt
+            if step < steps:
+                dt = t_span[step + 1] - t
+        return x, torch.stack(new_cnn, dim=0), new_att

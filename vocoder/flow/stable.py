@@ -1,0 +1,102 @@
+"""Batch-invariant building blocks: a request's numbers never depend on its batch mates.
+
+A batched decode must give every request exactly the bytes it would get alone, because the
+consumer's live (batched) audio is compared with an offline replay (batch of one). On CPU the
+stock kernels break that in three places (measured with torch 2.15 / MKL 2024.2 / oneDNN 3.13
+on AVX2; see tests/vocoder/test_flow_batching.py):
+
+- `F.linear` takes a different GEMM path when the row count M is small (M < 12 and not a
+  multiple of 4 differ from M >= 12 in the last bits), e.g. the adaLN rows (M = 2 per request)
+  or a short final window;
+- `F.conv1d` takes a different oneDNN path at batch 1 than at batch >= 2;
+- batched `torch.matmul` with fewer than 16 rows or columns per matrix gives a matrix different
+  bits depending on how many matrices are in the batch (e.g. attention of a 1-id final window).
+
+So every projection is one row-major GEMM over at least `MIN_GEMM_ROWS` rows (zero rows padded
+and dropped), and every convolution is an explicit im2col followed by that GEMM. For M >= 12 the
+GEMM gives each row the same bits whatever M is and wherever the row sits. Attention is written
+out (no fused SDPA kernel) with every batched matmul padded to at least 16 rows and columns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+MIN_GEMM_ROWS = 16  # comfortably above the measured small-M threshold (12)
+
+# Every weight is allocated on the meta device (no memory, no initialisation, no RNG) and then
+# materialised and initialised once, from a seeded generator, by Token2WavFlow.
+META = torch.device("meta")
+
+
+def stable_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """`F.linear` over the last axis with a row-count-independent GEMM."""
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1])
+    count = rows.shape[0]
+    if count < MIN_GEMM_ROWS:
+        pad = rows.new_zeros((MIN_GEMM_ROWS - count, rows.shape[1]))
+        rows = torch.cat([rows, pad], dim=0)
+    else:
+        rows = rows.contiguous()  # a transposed view would select a different GEMM kernel
+    out = F.linear(rows, weight, bias)[:count]
+    return out.reshape(*lead, weight.shape[0])
+
+
+class StableLinear(nn.Linear):
+    """nn.Linear (same parameters and names) computed with `stable_linear`; built on meta."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=META)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return stable_linear(x, self.weight, self.bias)
+
+
+class StableConv1d(nn.Conv1d):
+    """nn.Conv1d (stride 1, no padding, no dilation, no groups) as im2col + `stable_linear`."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, device=META)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (B, C_in, T) -> (B, C_out, T - kernel_size + 1)."""
+        kernel = self.weight.shape[2]
+        frames = x.unfold(2, kernel, 1)  # (B, C_in, T_out, k)
+        columns = frames.permute(0, 2, 1, 3).reshape(x.shape[0], -1, x.shape[1] * kernel)
+        weight = self.weight.reshape(self.weight.shape[0], -1)  # (C_out, C_in * k)
+        return stable_linear(columns, weight, self.bias).transpose(1, 2)
+
+
+def layer_norm(size: int, eps: float = 1e-5, affine: bool = True) -> nn.LayerNorm:
+    return nn.LayerNorm(size, eps=eps, elementwise_affine=affine, device=META)
+
+
+def parameter(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, device=META))
+
+
+def stable_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """Batched `a @ b`, (..., M, K) x (..., K, N), with a batch-count-independent GEMM per matrix.
+
+    Batched matmul picks its kernel from the whole problem: with M < 16 or N < 16 a matrix's
+    result changes with the number of matrices in the batch. Zero-padding M and N to at least
+    `MIN_GEMM_ROWS` (and slicing the padding off) removes that dependence.
+    """
+    rows, cols = a.shape[-2], b.shape[-1]
+    if rows < MIN_GEMM_ROWS:
+        a = torch.cat([a, a.new_zeros((*a.shape[:-2], MIN_GEMM_ROWS - rows, a.shape[-1]))], -2)
+    if cols < MIN_GEMM_ROWS:
+        b = torch.cat([b, b.new_zeros((*b.shape[:-1], MIN_GEMM_ROWS - cols))], -1)
+    return torch.matmul(a.contiguous(), b.contiguous())[..., :rows, :cols]
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Unmasked scaled dot-product attention, (..., Tq, D) x (..., Tk, D) -> (..., Tq, D)."""
+    scores = stable_matmul(q, k.transpose(-2, -1))
+    weights = torch.softmax(scores * (1.0 / math.sqrt(q.shape[-1])), dim=-1)
+    return stable_matmul(weights, v)
