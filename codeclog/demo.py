@@ -169,7 +169,8 @@ class LagSampler(threading.Thread):
         super().__init__(daemon=True)
         from lag.monitor import LagMonitor
 
-        client = {"bootstrap.servers": bootstrap, "logger": logging.getLogger("codeclog.kafka")}
+        logger = logging.getLogger("codeclog.kafka")
+        client: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": logger}
         self.monitor = LagMonitor(client, group, topic)
         self.samples: list[tuple[float, int, float, float]] = []
         self.statuses: list[str] = []

@@ -30,6 +30,12 @@ else
   "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$here" >/dev/null
 fi
 
+# The upstream reference implementation for the vocoder parity tests (test-only, no deps).
+if ! "$venv/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('stepaudio2') is None)" 2>/dev/null; then
+  echo "bootstrap: installing stepaudio2-minicpmo==0.1.1 (parity reference, --no-deps)"
+  "$venv/bin/python" -m pip install -q --progress-bar off --no-deps stepaudio2-minicpmo==0.1.1
+fi
+
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)

@@ -1,0 +1,60 @@
+"""Run every benchmark once, one after the other, and print their tables (for BENCHMARKS.md).
+
+    python bench/run_all.py            # everything (starts local brokers where needed)
+    python bench/run_all.py --quick    # smaller sizes, for a smoke run
+
+Each benchmark prints ratios measured side by side in the same run; none is a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+FULL: list[tuple[str, list[str]]] = [
+    ("wire codec", ["wire_codec.py"]),
+    ("fold vs decode (issue 3)", ["bench_fold.py", "--sessions", "1000", "--turns", "4"]),
+    ("state-only replay (issue 5)", ["bench_replay.py", "--sessions", "1000"]),
+    ("lag evaluation (issue 9)", ["bench_lag.py", "--partitions", "10000"]),
+    ("publisher (issue 4)", ["bench_publisher.py", "--records", "20000", "--rate", "200"]),
+    ("flow (issue 6)", ["bench_flow.py", "--configs", "tiny,full", "--batches", "1,4,16"]),
+    ("vocoder end to end (issue 7)", ["bench_vocoder.py"]),
+    ("consumer (issue 8)", ["bench_consumer.py", "--streams", "10", "100", "--seconds", "15"]),
+]
+QUICK_ARGS = {
+    "bench_fold.py": ["--sessions", "200"],
+    "bench_replay.py": ["--sessions", "200"],
+    "bench_publisher.py": ["--records", "2000", "--rate", "100", "--paced-seconds", "2"],
+    "bench_flow.py": ["--configs", "tiny", "--batches", "1,4"],
+    "bench_consumer.py": ["--streams", "4", "--seconds", "5"],
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", nargs="*", help="script names to run (default: all)")
+    args = parser.parse_args()
+    failed = 0
+    for title, command in FULL:
+        script = command[0]
+        if args.only and script not in args.only:
+            continue
+        argv = [script, *QUICK_ARGS[script]] if args.quick and script in QUICK_ARGS else command
+        print(f"\n## {title}\n\n$ python bench/{' '.join(argv)}\n", flush=True)
+        started = time.monotonic()
+        code = subprocess.call([sys.executable, str(HERE / argv[0]), *argv[1:]])
+        print(f"\n(exit {code}, {time.monotonic() - started:.0f} s)", flush=True)
+        failed += code != 0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
