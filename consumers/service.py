@@ -231,10 +231,14 @@ class VocoderService:
     def _drained(self) -> bool:
         """Every assigned partition is read up to its end (nothing committed is left)."""
         assert self._consumer is not None
-        for tp in self._consumer.position(self._consumer.assignment()):
+        assignment = self._consumer.assignment()
+        committed = {(tp.topic, tp.partition): tp.offset for tp in self._committed(assignment)}
+        for tp in self._consumer.position(assignment):
             low, high = self._consumer.get_watermark_offsets(tp, timeout=10, cached=False)
-            position = tp.offset if tp.offset >= 0 else low
-            if position < high:
+            # Nothing consumed since the assignment: the position is unset, the committed
+            # offset (or the log start) is where reading would begin.
+            position = tp.offset if tp.offset >= 0 else committed.get((tp.topic, tp.partition), -1)
+            if max(position, low) < high:
                 return False
         return True
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
@@ -116,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
         stop_event=stop,
     )
     code = service.run()
+    # A SIGTERM that arrives while the interpreter shuts down (handlers already reset) must not
+    # turn a clean stop into "killed by signal": we are stopping anyway.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stats = service.stats
     print(
         f"vocode: {stats['records']} records, {stats['windows']} audio windows, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import signal
 import time
 from typing import Any
@@ -49,29 +50,32 @@ def test_sigkill_at_random_points_keeps_audio_exactly_once(stack: Any, tiny_engi
     stack.publish_sessions(sessions=12, seconds=10, seed=5)
     rng = random.Random(1234)
     for _ in range(6):
-        process = stack.vocode("k", idle_s=30)
-        time.sleep(rng.uniform(2.5, 6.0))  # start-up, then somewhere inside the work
+        process = stack.vocode("k", "--max-records", "8", idle_s=30)  # small steps: many commits
+        stack.wait_for_log(process, "open streams up to offset", 120)
+        time.sleep(rng.uniform(0.5, 4.0))  # somewhere inside a step, or between two
         process.send_signal(signal.SIGKILL)
         process.wait()
-    final = stack.vocode("k", idle_s=4)
+    final = stack.vocode("k", "--max-records", "8", idle_s=4)
     assert final.wait(240) == 0, stack.logs()
     report = verify(stack.client, stack.topics, tiny_engine)
     assert report.ok, (report.to_dict(), stack.logs())
     assert report.expected_windows > 50
+    assert re.search(r"rebuilt [1-9]\d* open streams", stack.logs()), "no recovery was exercised"
 
 
 def test_two_members_and_a_rebalance_mid_stream_keep_audio_exactly_once(
     stack: Any, tiny_engine: Any
 ) -> None:
-    stack.publish_sessions(sessions=8, seconds=6, seed=9)
-    first = stack.vocode("a", idle_s=6)
+    stack.publish_sessions(sessions=6, seconds=6, seed=9)
+    first = stack.vocode("a", idle_s=120)
     stack.wait_for_log(first, "open streams up to offset", 120)
-    time.sleep(2)
-    second = stack.vocode("b", idle_s=6)  # joins: partitions move mid-stream
+    second = stack.vocode("b", idle_s=10)  # joins: partitions move while streams are open
     stack.wait_for_log(second, "open streams up to offset", 120)
-    time.sleep(2)
-    first.send_signal(signal.SIGTERM)  # leaves: its partitions move again
-    assert first.wait(60) == 0, stack.logs()
+    stack.publish_sessions(sessions=6, seconds=6, seed=10)
+    time.sleep(1.0)
+    first.send_signal(signal.SIGTERM)  # leaves mid-stream: its partitions move again
+    assert first.wait(120) == 0, stack.logs()
+    stack.publish_sessions(sessions=4, seconds=4, seed=11)
     assert second.wait(240) == 0, stack.logs()
     report = verify(stack.client, stack.topics, tiny_engine)
     assert report.ok, (report.to_dict(), stack.logs())
