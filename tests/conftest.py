@@ -25,6 +25,10 @@ from codeclog.errors import CodeclogError
 from codeclog.kafka_jars import JarFetcher
 
 ENV_SKIP_KAFKA = "CODECLOG_SKIP_KAFKA"
+# Opt-in for machines with a Docker engine but no Java/Maven: the broker comes from
+# testcontainers (pip install 'codeclog[containers]'). Off here: this CI has no Docker engine.
+ENV_TESTCONTAINERS = "CODECLOG_TESTCONTAINERS"
+CONTAINER_IMAGE = "confluentinc/cp-kafka:7.6.0"  # testcontainers' documented KRaft-capable image
 # Below pytest-timeout's 300 s so a stuck Maven fails this fixture, not the whole run.
 TEST_FETCH_TIMEOUT_S = 240.0
 # A cold JVM needs about 5 s on an idle 2-core box, but several times that when other test
@@ -49,6 +53,9 @@ def kafka_bootstrap(
     if external:
         yield external
         return
+    if os.environ.get(ENV_TESTCONTAINERS):
+        yield from _container_broker()
+        return
     settings = BrokerSettings(
         die_with_parent=True,  # a killed test session must not leave a JVM behind
         start_timeout_s=TEST_START_TIMEOUT_S,
@@ -63,6 +70,19 @@ def kafka_bootstrap(
         yield state.bootstrap
     finally:
         broker.stop()
+
+
+def _container_broker() -> Iterator[str]:
+    """A KRaft broker in a container (testcontainers' KafkaContainer), for Docker users."""
+    pytest.importorskip("testcontainers", reason="pip install 'codeclog[containers]'")
+    from testcontainers.community.kafka import KafkaContainer
+
+    container = KafkaContainer(image=CONTAINER_IMAGE).with_kraft()
+    container.start()
+    try:
+        yield container.get_bootstrap_server()
+    finally:
+        container.stop()
 
 
 def _start_or_fail(broker: LocalBroker, progress: Callable[[str], None]) -> BrokerState:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import re
 import signal
@@ -10,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from codeclog.cli import main
 from consumers.fold.machine import Policy
 from consumers.pipeline import AudioPipeline, InputRecord, PipelineConfig, Position
 from consumers.service import VocodeConfig, VocoderService, read_partition
 from consumers.verify import actual_audio, verify
 from schemas import wire
-from schemas.records import CodecChunk, DeadLetter
+from schemas.records import AudioChunk, CodecChunk, DeadLetter
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
 
@@ -36,7 +39,9 @@ def _dead_letters(stack: Any) -> list[DeadLetter]:
     return letters
 
 
-def test_sessions_end_to_end_match_an_offline_replay(stack: Any, tiny_engine: Any) -> None:
+def test_sessions_end_to_end_match_an_offline_replay(
+    stack: Any, tiny_engine: Any, tmp_path: Any, capsys: Any
+) -> None:
     stack.publish_sessions(sessions=6, seconds=6, seed=11)
     service = _run_in_process(stack, tiny_engine)
     assert service.stats["windows"] > 0
@@ -44,6 +49,31 @@ def test_sessions_end_to_end_match_an_offline_replay(stack: Any, tiny_engine: An
     assert report.ok, report.to_dict()
     assert report.expected_windows == service.stats["windows"]
     assert report.requests >= 6
+    # The operator's path: capture the input topic, replay the file offline with the vocoder:
+    # the same per-request audio hashes as the live consumer wrote to the audio topic.
+    capture = tmp_path / "input.ocf"
+    cluster = ["--bootstrap", stack.bootstrap]
+    assert main(["capture", "--topic", stack.topics.chunks, "--out", str(capture), *cluster]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(capture), "--vocoder", "tiny", "--json"]) == 0
+    replayed = json.loads(capsys.readouterr().out)["requests"]
+    live = _live_request_hashes(stack)
+    assert live and {rid: replayed[rid]["audio"]["sha256"] for rid in live} == live
+
+
+def _live_request_hashes(stack: Any) -> dict[str, str]:
+    pcm: dict[str, list[tuple[int, int, bytes]]] = {}
+    for partition in range(stack.topics.partitions):
+        for record in read_partition(stack.client, stack.topics.audio, partition, 0, None):
+            chunk = wire.decode(record.value)
+            assert isinstance(chunk, AudioChunk)
+            pcm.setdefault(chunk.request_id, []).append(
+                (record.position.offset, chunk.window_index, chunk.pcm_s16le)
+            )
+    return {
+        rid: hashlib.sha256(b"".join(p for _, _, p in sorted(items))).hexdigest()
+        for rid, items in pcm.items()
+    }
 
 
 def test_sigkill_at_random_points_keeps_audio_exactly_once(stack: Any, tiny_engine: Any) -> None:
