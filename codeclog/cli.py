@@ -51,13 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"codeclog {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # TODO(integration): remove once every command exists
-            if exc.name == module_name:
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(module_name).register(subparsers)
     return parser
 
 
