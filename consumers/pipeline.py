@@ -37,6 +37,7 @@ from schemas.records import (
     ControlEvent,
     DeadLetter,
 )
+from vocoder.shared import pcm_s16le, stream_seed
 
 Event = CodecChunk | ControlEvent
 KEY_MISMATCH = "key_mismatch"  # dead-letter reason: the record key is not the chunk's request id
@@ -71,19 +72,6 @@ class VocoderEngine(Protocol):
     ) -> list[tuple[np.ndarray, Any]]: ...
 
     def release(self, state: Any) -> None: ...
-
-
-def stream_seed(request_id: str, cache_epoch: int) -> int:
-    """The vocoder noise seed of one (request, epoch) stream, stable across processes."""
-    digest = hashlib.sha256(f"{request_id}\x00{cache_epoch}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
-def pcm_s16le(samples: np.ndarray) -> bytes:
-    """Float audio in [-1, 1] as 16-bit little-endian PCM: clipped, x32767, truncated toward
-    zero, exactly as the upstream Token2wav and vocoder.engine.pcm_s16le convert."""
-    clipped = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0)
-    return (clipped * np.float32(32767.0)).astype("<i2").tobytes()
 
 
 @dataclasses.dataclass(slots=True)

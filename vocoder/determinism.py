@@ -16,32 +16,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import os
 
 import torch
+
+# Re-exported: the seeds live in the torch-free vocoder.shared (the consumer uses them too).
+from vocoder.shared import stream_seed as stream_seed
+from vocoder.shared import window_seed as window_seed
 
 # Fixed, not os.cpu_count(): results may depend on the thread count. One thread because on a
 # shared 2-core box two OpenMP threads spin against other work and run 5-20x slower (measured
 # on the tiny model); pass `threads` for a dedicated many-core replay box.
 DEFAULT_CPU_THREADS = 1
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"  # needed by deterministic cuBLAS; must precede CUDA init
-_SEED_MASK = (1 << 63) - 1  # torch seeds are unsigned 64-bit; stay in the signed range too
-
-
-def _digest_seed(*parts: bytes) -> int:
-    digest = hashlib.sha256(b"\x00".join(parts)).digest()
-    return int.from_bytes(digest[:8], "big") & _SEED_MASK
-
-
-def stream_seed(request_id: str, cache_epoch: int) -> int:
-    """The seed of one (request, epoch) stream: same inputs, same seed, in every process."""
-    return _digest_seed(b"codeclog.stream.v1", request_id.encode(), str(cache_epoch).encode())
-
-
-def window_seed(seed: int, window_index: int) -> int:
-    """The seed of the HiFT noise of window `window_index` of the stream seeded `seed`."""
-    return _digest_seed(b"codeclog.window.v1", str(seed).encode(), str(window_index).encode())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,6 +69,7 @@ from vocoder.determinism import (
 from vocoder.errors import StreamStateError, VocoderConfigError, VocoderInputError
 from vocoder.flow import FlowState, FlowStateError, Token2WavFlow
 from vocoder.hift import HiftCache, HiFTGenerator, fuse_weight_norm, stream_step
+from vocoder.shared import pcm_s16le
 from vocoder.voice import Voice, default_voice
 
 __all__ = [
@@ -238,13 +239,6 @@ def _unraw(blob: bytes, spec: dict[str, object]) -> Tensor:
     shape = [int(n) for n in spec["shape"]]  # type: ignore[attr-defined]
     raw = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0)
     return raw.to(torch.uint8).view(dtype).reshape(shape)
-
-
-def pcm_s16le(audio: np.ndarray) -> bytes:
-    """Float audio to 16-bit little-endian PCM exactly as upstream `Token2wav.stream` does:
-    clip to [-1, 1], scale by 32767, truncate toward zero."""
-    clipped = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0)
-    return (clipped * 32767.0).astype("<i2").tobytes()
 
 
 # ---------------------------------------------------------------------------------------------
