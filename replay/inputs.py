@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from replay.capture_format import CapturedRecord, CaptureMetadata, is_capture_file, read_capture
+from replay.columns import CaptureTable, read_table
 from replay.errors import InputFormatError
 from schemas.records import CodecChunk, ControlEvent
 
@@ -19,14 +20,19 @@ class InputKind(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class ReplayInput:
-    """What a replay runs on. Captures hold records in log order; scenarios hold events."""
+    """What a replay runs on. Captures hold records in log order; scenarios hold events.
+
+    A capture read as columns (`replay.columns`) has its `table`, which is also its `records`
+    (built on first access); the state-only replay reads the columns.
+    """
 
     kind: InputKind
     name: str  # the file name without directories: it goes into the report
     metadata: CaptureMetadata | None = None
-    records: tuple[CapturedRecord, ...] = ()
+    records: Sequence[CapturedRecord] = ()
     events: tuple[CodecChunk | ControlEvent, ...] = ()
     truncated: bool = False  # the capture's last block was torn (a crashed capture)
+    table: CaptureTable | None = None
 
     def describe(self) -> dict[str, object]:
         """The `input` object of the report."""
@@ -53,11 +59,25 @@ def load_input(path: str | Path) -> ReplayInput:
     except OSError as exc:
         raise InputFormatError(f"cannot read {where}: {exc.strerror}") from exc
     if capture:
-        metadata, records, truncated = read_capture(where)
-        return ReplayInput(
-            InputKind.CAPTURE, where.name, metadata, log_order(records), truncated=truncated
-        )
+        return _load_capture(where)
     return ReplayInput(InputKind.SCENARIO, where.name, events=tuple(_read_scenario(where)))
+
+
+def _load_capture(path: Path) -> ReplayInput:
+    table = read_table(path)
+    if table is not None:
+        return ReplayInput(
+            InputKind.CAPTURE,
+            path.name,
+            table.metadata,
+            table,
+            truncated=table.truncated,
+            table=table,
+        )
+    metadata, records, truncated = read_capture(path)
+    return ReplayInput(
+        InputKind.CAPTURE, path.name, metadata, log_order(records), truncated=truncated
+    )
 
 
 def _read_scenario(path: Path) -> list[CodecChunk | ControlEvent]:

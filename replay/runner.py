@@ -17,7 +17,9 @@ from typing import Any, Protocol, TypeVar
 from codeclog.errors import CodeclogError
 from consumers.fold.machine import FoldConfig, Policy
 from consumers.pipeline import AudioPipeline, InputRecord, PipelineConfig, Position, StepOutput
+from replay.columns import CaptureTable
 from replay.errors import ReplayError
+from replay.fast import replay_table
 from replay.inputs import InputKind, ReplayInput
 
 STEP_RECORDS = 256  # records per pipeline step; fixed so batches are the same in every run
@@ -58,7 +60,12 @@ def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 def replay(
     source: ReplayInput, options: ReplayOptions, progress: StepProgress | None = None
 ) -> ReplayResult:
-    """Run the input through the shared pipeline (consumers.pipeline) and build the report."""
+    """Run the input through the shared pipeline (consumers.pipeline) and build the report.
+
+    A capture read as columns, replayed without a vocoder, takes the state-only path
+    (replay.fast): the same decisions as the pipeline, with the values decoded in bulk."""
+    if source.table is not None and options.vocoder == VOCODER_NONE:
+        return _replay_state_only(source, source.table, options, progress)
     pipeline = AudioPipeline(pipeline_config(options), load_engine(options.vocoder), _no_clock)
     items: Sequence[Any] = source.records if source.kind is InputKind.CAPTURE else source.events
     step = _record_step(pipeline) if source.kind is InputKind.CAPTURE else pipeline.step_events
@@ -74,6 +81,22 @@ def replay(
         progress.close()
     report = _finish_report(pipeline.report(), source, options, dead_letters)
     return ReplayResult(report, _pcm_by_request(pipeline))
+
+
+def _replay_state_only(
+    source: ReplayInput, table: CaptureTable, options: ReplayOptions, progress: StepProgress | None
+) -> ReplayResult:
+    total = len(table)
+
+    def update(done: int) -> None:
+        if progress is not None:
+            progress.update(done, total, done)
+
+    config = pipeline_config(options).fold
+    report, dead_letters = replay_table(table, config, options.step_records, update)
+    if progress is not None:
+        progress.close()
+    return ReplayResult(_finish_report(report, source, options, dead_letters), {})
 
 
 def pipeline_config(options: ReplayOptions) -> PipelineConfig:

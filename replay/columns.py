@@ -1,0 +1,269 @@
+"""A capture read as columns: the container parsed by fastavro, the records walked with numpy.
+
+`read_capture` builds a `CapturedRecord` per record through fastavro's reader (about 15 us a
+record); a state-only replay needs only each record's partition, offset, key and value bytes.
+`read_table` keeps the decompressed blocks as one buffer and finds every record in it:
+
+1. fastavro's `block_reader` reads the header and the blocks (decompressed), with the torn-block
+   rule of `CaptureReader` (a block that fails to read ends the capture, `truncated`);
+2. the records of a block follow each other, and each starts with its topic: every place the
+   first record's topic (length + bytes) occurs is a candidate start. All candidates are
+   walked at once (`schemas.columnar.walk`, canonical encoding only), and from each block's
+   start the chain record end -> next record start is followed; it must take exactly the
+   block's record count to reach exactly the block's end.
+
+Anything the walk cannot prove (another topic, headers, a non-canonical encoding, invalid
+UTF-8, trailing bytes in a block) makes `read_table` return None and the caller reads the
+capture the old way, so a table always holds what `read_capture` would have returned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any, overload
+
+import fastavro
+import numpy as np
+
+from replay.capture_format import (
+    _TRUNCATION_ERRORS,
+    CAPTURE_SCHEMA,
+    SCHEMA_NAME,
+    CapturedRecord,
+    CaptureMetadata,
+    TimestampType,
+)
+from replay.errors import CaptureFormatError
+from schemas.columnar import Bools, Bytes, Int64s, Walk, blobs, padded, plan_of, walk
+
+_PLAN = plan_of(CAPTURE_SCHEMA)
+_TIMESTAMP_TYPES = tuple(
+    TimestampType[symbol]
+    for symbol in next(f for f in CAPTURE_SCHEMA["fields"] if f["name"] == "timestamp_type")[
+        "type"
+    ]["symbols"]
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Blocks:
+    """The whole blocks of a capture, decompressed and concatenated."""
+
+    metadata: CaptureMetadata
+    data: bytes
+    starts: list[int]  # where each block starts in `data`
+    counts: list[int]  # records per block
+    truncated: bool
+
+
+class CaptureTable(Sequence[CapturedRecord]):
+    """The records of a capture in log order (partition, then offset), as columns.
+
+    As a sequence it yields `CapturedRecord`s (built on first use, exactly as `read_capture`
+    builds them), so code that wants records can take them; the replay reads the columns.
+    """
+
+    def __init__(self, blocks: _Blocks, walked: Walk, buffer: Bytes) -> None:
+        self.metadata = blocks.metadata
+        self.truncated = blocks.truncated
+        self.data = blocks.data
+        self.buffer = buffer  # `data`, padded for the walker
+        partition, offset = walked.columns["partition"].values, walked.columns["offset"].values
+        order = np.argsort(offset, kind="stable")
+        # stable both times: records with equal (partition, offset) keep their file order,
+        # as sorted() in replay.inputs.log_order keeps them
+        order = order[np.argsort(partition[order], kind="stable")]
+        self.partitions: Int64s = partition[order]
+        self._columns = {name: _take(column, order) for name, column in walked.columns.items()}
+        self._records: tuple[CapturedRecord, ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self.partitions)
+
+    @overload
+    def __getitem__(self, index: int) -> CapturedRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[CapturedRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> CapturedRecord | Sequence[CapturedRecord]:
+        return self.records()[index]
+
+    def __iter__(self) -> Iterator[CapturedRecord]:
+        return iter(self.records())
+
+    def keys(self) -> list[bytes | None]:
+        """Each record's key (None for a record without one), in log order."""
+        return blobs(self._columns["key"], self.data)
+
+    def value_spans(self) -> tuple[Int64s, Int64s, Bools]:
+        """(start, end, present) of each record's value in `data`, in log order."""
+        column = self._columns["value"]
+        assert column.lengths is not None and column.present is not None
+        return column.values, column.values + column.lengths, column.present
+
+    def records(self) -> tuple[CapturedRecord, ...]:
+        """Every record as `CapturedRecord`, in log order (built once)."""
+        if self._records is None:
+            self._records = self._build_records()
+        return self._records
+
+    def _build_records(self) -> tuple[CapturedRecord, ...]:
+        values = {name: self._list(name) for name in self._columns}
+        topics = [topic.decode() for topic in values["topic"]]
+        kinds = [_TIMESTAMP_TYPES[index] for index in values["timestamp_type"]]
+        return tuple(
+            CapturedRecord(*fields)
+            for fields in zip(
+                topics,
+                values["partition"],
+                values["offset"],
+                values["timestamp_ms"],
+                kinds,
+                values["key"],
+                values["value"],
+                [()] * len(self),  # read_table refuses captures with headers
+                values["schema_fingerprint"],
+                values["observed_at_ms"],
+                values["leader_epoch"],
+                strict=True,
+            )
+        )
+
+    def _list(self, name: str) -> list[Any]:
+        column = self._columns[name]
+        if column.lengths is not None:
+            return blobs(column, self.data)
+        values: list[Any] = column.values.tolist()
+        if column.present is not None:
+            for row in np.flatnonzero(~column.present).tolist():
+                values[row] = None
+        return values
+
+
+def _take(column: Any, order: Int64s) -> Any:
+    return dataclasses.replace(
+        column,
+        values=column.values[order],
+        present=None if column.present is None else column.present[order],
+        lengths=None if column.lengths is None else column.lengths[order],
+    )
+
+
+def read_table(path: str | Path) -> CaptureTable | None:
+    """The capture as a table, or None when it must be read record by record (see above).
+    Raises CaptureFormatError as `read_capture` does."""
+    assert _PLAN is not None
+    try:
+        with open(path, "rb") as fo:
+            blocks = _read_blocks(fo)
+    except OSError as exc:
+        raise CaptureFormatError(f"cannot read capture {path}: {exc.strerror}") from exc
+    buffer = padded(blocks.data)
+    walked = _find_records(blocks, buffer)
+    return None if walked is None else CaptureTable(blocks, walked, buffer)
+
+
+def _read_blocks(fo: IO[bytes]) -> _Blocks:
+    """The header and every whole block (the `CaptureReader` rules for errors and torn ends)."""
+    try:
+        reader = fastavro.block_reader(fo)
+    except _TRUNCATION_ERRORS as exc:
+        raise CaptureFormatError(f"not a readable Avro capture ({exc!r})") from exc
+    schema = reader.writer_schema
+    if not isinstance(schema, dict) or schema.get("name") != SCHEMA_NAME:
+        raise CaptureFormatError("the file is an Avro container but not a codeclog capture")
+    metadata = CaptureMetadata.from_avro_metadata(reader.metadata)
+    parts: list[bytes] = []
+    counts: list[int] = []
+    truncated = False
+    iterator = iter(reader)
+    while True:
+        try:
+            block = next(iterator)
+        except StopIteration:
+            break
+        except _TRUNCATION_ERRORS:
+            truncated = True
+            break
+        parts.append(block.bytes_.getvalue())  # type: ignore[attr-defined]
+        counts.append(block.num_records)
+    starts = np.concatenate(([0], np.cumsum([len(p) for p in parts]))).tolist()
+    return _Blocks(metadata, b"".join(parts), starts, counts, truncated)
+
+
+def _find_records(blocks: _Blocks, buffer: Bytes) -> Walk | None:
+    """Walk every record of every block, in file order; None unless each block chains."""
+    assert _PLAN is not None
+    candidates = _candidates(blocks)
+    if candidates is None:
+        return None
+    limits = np.array(blocks.starts, dtype=np.int64)[
+        np.searchsorted(blocks.starts, candidates, side="right")
+    ]
+    ok = np.ones(len(candidates), dtype=bool)
+    walked = walk(_PLAN, buffer, candidates, limits, ok, exact=False)
+    chain = _chain(blocks, candidates, walked)
+    if chain is None or not _texts_valid(walked, blocks.data, chain):
+        return None
+    return Walk(walked.ok[chain], walked.ends[chain], _pick(walked, chain))
+
+
+def _candidates(blocks: _Blocks) -> Int64s | None:
+    """Every position where the first record's topic field (length varint + bytes) occurs,
+    block starts included."""
+    data = blocks.data
+    if not data:
+        return np.array(blocks.starts[:-1], dtype=np.int64)
+    length = data[0] >> 1  # zigzag, one byte: topics up to 63 bytes (else: no table)
+    if data[0] & 0x81 or len(data) < 1 + length:
+        return None
+    prefix = data[: 1 + length]
+    positions = []
+    at = data.find(prefix)
+    while at >= 0:
+        positions.append(at)
+        at = data.find(prefix, at + 1)
+    merged = np.union1d(np.array(positions, dtype=np.int64), blocks.starts[:-1])
+    return merged.astype(np.int64)
+
+
+def _chain(blocks: _Blocks, candidates: Int64s, walked: Walk) -> Int64s | None:
+    """Indexes (into candidates) of the records, block by block; None if a chain breaks."""
+    index_of = {
+        start: index
+        for index, (start, good) in enumerate(
+            zip(candidates.tolist(), walked.ok.tolist(), strict=True)
+        )
+        if good
+    }
+    ends = walked.ends.tolist()
+    chain: list[int] = []
+    for block, count in enumerate(blocks.counts):
+        at, end = blocks.starts[block], blocks.starts[block + 1]
+        for _ in range(count):
+            index = index_of.get(at)
+            if index is None:
+                return None
+            chain.append(index)
+            at = ends[index]
+        if at != end:
+            return None
+    return np.array(chain, dtype=np.int64)
+
+
+def _pick(walked: Walk, chain: Int64s) -> dict[str, Any]:
+    return {name: _take(column, chain) for name, column in walked.columns.items()}
+
+
+def _texts_valid(walked: Walk, data: bytes, chain: Int64s) -> bool:
+    """Every topic decodes as UTF-8 (fastavro's reader would fail the block otherwise)."""
+    column = _take(walked.columns["topic"], chain)
+    try:
+        for topic in set(blobs(column, data)):
+            topic.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
