@@ -1,7 +1,8 @@
 """Benchmark of the Code2Wav consumer (issue 8), measured side by side in one run.
 
 1. Decode batching: windows/s of `Code2WavEngine.decode_batch` at batch 1, 4 and 16 on the tiny
-   model (16 distinct streams, steady 28-id windows). Target: >= 3x from batch 1 to 16.
+   model (16 distinct streams, steady 28-id windows), with the default decode workers (a batch
+   is split across cores, byte-identical) and with one worker. Target: >= 3x from batch 1 to 16.
 2. The latency the Kafka path adds per chunk: N live (real-time) synthetic duplex streams through
    the real broker and the real consumer service. For every audio window: end-to-end =
    commit time of its transaction - produced_at of its newest chunk; the vocoder's own share is
@@ -203,11 +204,21 @@ def main() -> int:
 
     engine = Code2WavEngine.from_spec("tiny")
     if not args.skip_batching:
+        single = Code2WavEngine.from_spec("tiny", workers=1)
         rates = batching(engine, args.batches, args.reps)
-        print("| batch | windows/s (tiny, CPU) | vs batch 1 |")
-        print("|---:|---:|---:|")
+        single_rates = batching(single, args.batches, args.reps)
+        first = args.batches[0]
+        print(
+            f"| batch | windows/s, {engine.workers} decode workers | vs batch 1 "
+            "| windows/s, 1 worker | vs batch 1 |"
+        )
+        print("|---:|---:|---:|---:|---:|")
         for size, rate in rates.items():
-            print(f"| {size} | {rate:.1f} | {rate / rates[args.batches[0]]:.2f}x |")
+            alone = single_rates[size]
+            print(
+                f"| {size} | {rate:.1f} | {rate / rates[first]:.2f}x "
+                f"| {alone:.1f} | {alone / single_rates[first]:.2f}x |"
+            )
     engines = {"tiny": engine, "instant": InstantEngine()}
     if args.skip_kafka:
         return 0

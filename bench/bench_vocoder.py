@@ -51,13 +51,19 @@ class Row:
         return self.batch * self.audio_s / self.wall_s
 
 
-def build_engine(spec: str, device: str, dtype: str, threads: int | None) -> Code2WavEngine:
+def build_engine(
+    spec: str, device: str, dtype: str, threads: int | None, workers: int | None = None
+) -> Code2WavEngine:
     if spec != "full":
-        return Code2WavEngine.from_spec(spec, device=device, dtype=dtype, threads=threads)
+        return Code2WavEngine.from_spec(
+            spec, device=device, dtype=dtype, threads=threads, workers=workers
+        )
     hift = build_hift(HiftConfig.full())
     initialise_hift(hift, 0)
     flow = Token2WavFlow(FlowConfig.full())
-    return Code2WavEngine(flow, hift, device=device, dtype=dtype, threads=threads, spec="full")
+    return Code2WavEngine(
+        flow, hift, device=device, dtype=dtype, threads=threads, workers=workers, spec="full"
+    )
 
 
 def stream_ids(index: int, windows: int) -> list[int]:
@@ -112,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default="float32", help="flow dtype: float32|float16|bfloat16")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="decode workers (default: cores, up to 4)"
+    )
     parser.add_argument("--batches", default="1,4,16", help="comma-separated batch sizes")
     parser.add_argument("--windows", type=int, default=3, help="windows per stream (1 = one chunk)")
     parser.add_argument("--out", type=Path, default=None, help="also write the report here")
@@ -120,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.windows < 1 or not batches or min(batches) < 1:
         print("--windows and every batch size must be >= 1", file=sys.stderr)
         return 2
-    engine = build_engine(args.spec, args.device, args.dtype, args.threads)
+    engine = build_engine(args.spec, args.device, args.dtype, args.threads, args.workers)
     run_batch(engine, 1, 1)  # warm-up: first-call allocations and kernel selection
     rows = [run_batch(engine, batch, args.windows) for batch in batches]
     info = engine.describe()
@@ -129,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         [
             f"Code2Wav end-to-end, spec `{args.spec}`, device `{info['device']}`, flow dtype "
             f"`{info['dtype']}`, torch {info['torch']}, CPU threads "
-            f"{engine.determinism.threads}, batch-invariant {info['batch_invariant']}.",
+            f"{engine.determinism.threads}, decode workers {info['workers']}, "
+            f"batch-invariant {info['batch_invariant']}.",
             "",
             table(rows),
             "",

@@ -32,7 +32,10 @@ and runs one flow call and one HiFT call per group (HiFT per row on CPU, see bel
 request's audio never depends on its batch mates: its HiFT noise comes from its own generator
 (seeded by `window_seed(seed, window_index)`) and, with `batch_invariant` (the default on CPU),
 the flow uses batch-invariant kernels and HiFT vocodes row by row, so a batched run gives every
-request exactly the bytes of a solo run. On
+request exactly the bytes of a solo run. That same exactness lets a CPU batch use several cores:
+each group is cut into contiguous slices that `workers` threads decode side by side (flow and
+HiFT of a slice in one thread, torch releases the GIL inside its kernels); any slicing gives the
+same bytes. On
 CUDA the default is a real batched HiFT call; results then depend on the batch composition (see
 token2wav.md 4.4) and are reproducible for the same stack and batch membership only.
 
@@ -50,9 +53,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import itertools
 import json
+import os
 import struct
 from collections.abc import Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +93,7 @@ __all__ = [
 
 SAMPLE_RATE_HZ = 24000
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+MAX_CPU_WORKERS = 4  # decode workers by default on CPU (see default_workers)
 PROMPT_CACHE_SIZE = 8  # voices whose prompt state is kept (each is ~1 MB per prompt frame, full)
 
 
@@ -271,6 +278,7 @@ class Code2WavEngine:
         dtype: str = "float32",
         batch_invariant: bool | None = None,
         threads: int | None = None,
+        workers: int | None = None,
         voice: Voice | None = None,
         spec: str = "custom",
     ) -> None:
@@ -283,6 +291,10 @@ class Code2WavEngine:
         self.batch_invariant = (
             self.device.type == "cpu" if batch_invariant is None else bool(batch_invariant)
         )
+        self.workers = default_workers(self.device) if workers is None else workers
+        if self.workers < 1:
+            raise VocoderConfigError(f"workers must be >= 1, got {self.workers}")
+        self._pool: ThreadPoolExecutor | None = None
         # HiFT stays float32 whatever `dtype` says (upstream's float16 flag casts only the flow)
         fuse_weight_norm(hift)
         self.hift = hift.to(self.device).eval()
@@ -300,19 +312,30 @@ class Code2WavEngine:
 
     @classmethod
     def from_spec(
-        cls, spec: str, device: str = "cpu", dtype: str = "float32", threads: int | None = None
+        cls,
+        spec: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        threads: int | None = None,
+        workers: int | None = None,
     ) -> Code2WavEngine:
         """Spec "tiny" = the committed tiny fixture; anything else = a checkpoint directory."""
         if spec == "tiny":
-            return cls.tiny(device=device, dtype=dtype, threads=threads)
-        return cls.load(spec, device=device, dtype=dtype, threads=threads)
+            return cls.tiny(device=device, dtype=dtype, threads=threads, workers=workers)
+        return cls.load(spec, device=device, dtype=dtype, threads=threads, workers=workers)
 
     @classmethod
     def tiny(
-        cls, device: str = "cpu", dtype: str = "float32", threads: int | None = None
+        cls,
+        device: str = "cpu",
+        dtype: str = "float32",
+        threads: int | None = None,
+        workers: int | None = None,
     ) -> Code2WavEngine:
         flow, hift = load_fixture()
-        return cls(flow, hift, device=device, dtype=dtype, threads=threads, spec="tiny")
+        return cls(
+            flow, hift, device=device, dtype=dtype, threads=threads, workers=workers, spec="tiny"
+        )
 
     @classmethod
     def load(
@@ -321,13 +344,16 @@ class Code2WavEngine:
         device: str = "cpu",
         dtype: str = "float32",
         threads: int | None = None,
+        workers: int | None = None,
     ) -> Code2WavEngine:
         """A published checkpoint directory (flow.yaml, flow.pt, hift.pt; see checkpoint.py).
         Streams use the default voice (prompt extraction from ONNX models is not built)."""
         layout = inspect_checkpoint(checkpoint_dir)
         flow, hift = load_checkpoint(layout)
         spec = str(layout.directory)
-        return cls(flow, hift, device=device, dtype=dtype, threads=threads, spec=spec)
+        return cls(
+            flow, hift, device=device, dtype=dtype, threads=threads, workers=workers, spec=spec
+        )
 
     def describe(self) -> dict[str, object]:
         """What this engine is, for logs and run records."""
@@ -336,6 +362,7 @@ class Code2WavEngine:
             "device": str(self.device),
             "dtype": self.dtype,
             "batch_invariant": self.batch_invariant,
+            "workers": self.workers,
             "sample_rate_hz": self.sample_rate_hz,
             "determinism": self.determinism.to_dict(),
             "torch": torch.__version__,
@@ -441,27 +468,44 @@ class Code2WavEngine:
             groups.setdefault(key, []).append(window)
         return list(groups.values())
 
-    @torch.inference_mode()
     def _decode_group(self, group: Sequence[_Window]) -> list[tuple[np.ndarray, StreamState]]:
-        final = group[0].final
-        tokens = torch.tensor([w.ids for w in group], dtype=torch.long, device=self.device)
+        """One group, split into contiguous slices decoded side by side by the workers when the
+        decode is batch-invariant (then a slice's rows get exactly the bytes of the whole
+        group's: this is how a CPU batch uses more than one core without losing exactness)."""
+        slices = _split(group, self.workers if self.batch_invariant else 1)
+        if len(slices) == 1:
+            return self._decode_slice(group, group)
+        futures = [self._workers().submit(self._decode_slice, group, part) for part in slices]
+        return [result for future in futures for result in future.result()]
+
+    def _workers(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="code2wav")
+        return self._pool
+
+    @torch.inference_mode()  # per thread: the workers enter it themselves
+    def _decode_slice(
+        self, group: Sequence[_Window], part: Sequence[_Window]
+    ) -> list[tuple[np.ndarray, StreamState]]:
+        final = part[0].final
+        tokens = torch.tensor([w.ids for w in part], dtype=torch.long, device=self.device)
         try:
             mel, flow_states = self.flow.decode_chunk_batch(
-                [w.state.flow for w in group], tokens, final
+                [w.state.flow for w in part], tokens, final
             )
         except VocoderInputError as exc:  # the flow checks before computing anything
-            indices = tuple(w.index for w in group)
+            indices = tuple(w.index for w in group)  # equal shapes: the whole group is refused
             raise WindowRejectedError(
                 indices[0], WindowRejectReason.FLOW_REFUSED, str(exc), indices
             ) from exc
         mel = mel.to(torch.float32)
-        seeds = [window_seed(w.state.seed, w.state.window_index) for w in group]
-        caches = [w.state.hift_cache() for w in group]
+        seeds = [window_seed(w.state.seed, w.state.window_index) for w in part]
+        caches = [w.state.hift_cache() for w in part]
         audio, new_caches = self._vocode(caches, mel, final, seeds)
         return [
             _advance(w.state, flow_state, cache, samples)
             for w, flow_state, cache, samples in zip(
-                group, flow_states, new_caches, audio, strict=True
+                part, flow_states, new_caches, audio, strict=True
             )
         ]
 
@@ -479,6 +523,24 @@ class Code2WavEngine:
             step = stream_step(self.hift, caches, mel, final, seeds)
             audio, new_caches = step.audio, step.caches
         return [a.to("cpu").numpy().astype(np.float32, copy=False) for a in audio], new_caches
+
+
+def default_workers(device: torch.device) -> int:
+    """Decode workers: on CPU one per core up to 4 (each runs its slice with the engine's
+    intra-op thread count, 1 by default); on an accelerator 1 (the device batches)."""
+    if device.type != "cpu":
+        return 1
+    return max(1, min(MAX_CPU_WORKERS, os.cpu_count() or 1))
+
+
+def _split(items: Sequence[_Window], parts: int) -> list[Sequence[_Window]]:
+    """`items` in at most `parts` contiguous slices of near-equal size (order kept)."""
+    count = max(1, min(parts, len(items)))
+    size, extra = divmod(len(items), count)
+    bounds = [0]
+    for index in range(count):
+        bounds.append(bounds[-1] + size + (1 if index < extra else 0))
+    return [items[start:end] for start, end in itertools.pairwise(bounds)]
 
 
 def _advance(

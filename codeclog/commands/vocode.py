@@ -49,6 +49,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
     parser.add_argument(
+        "--decode-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads a CPU decode batch is split across (default: one per core, up to 4; "
+        "the audio is byte-identical for any N)",
+    )
+    parser.add_argument(
         "--policy",
         choices=[p.value for p in Policy],
         default=Policy.TOLERANT.value,
@@ -90,12 +98,17 @@ def run(args: argparse.Namespace) -> int:
     if args.max_records < 1 or args.max_open_streams < 1:
         print("codeclog vocode: --max-records and --max-open-streams must be >= 1", file=sys.stderr)
         return 2
+    if args.decode_workers is not None and args.decode_workers < 1:
+        print("codeclog vocode: --decode-workers must be >= 1", file=sys.stderr)
+        return 2
     from consumers.metrics import VocoderMetrics
     from consumers.service import VocodeConfig, VocoderService
     from vocoder.engine import Code2WavEngine
 
     try:
-        engine = Code2WavEngine.from_spec(args.vocoder, device=args.device)
+        engine = Code2WavEngine.from_spec(
+            args.vocoder, device=args.device, workers=args.decode_workers
+        )
     except Exception as exc:  # any load failure is reported in one sentence
         print(f"codeclog vocode: cannot load vocoder {args.vocoder!r}: {exc}", file=sys.stderr)
         return 2
