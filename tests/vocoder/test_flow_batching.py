@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -27,14 +27,6 @@ from vocoder.flow.stable import StableConv1d, stable_linear
 pytestmark = pytest.mark.vocoder
 
 PROMPT_TOKENS = 12
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

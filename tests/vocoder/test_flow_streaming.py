@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 
@@ -25,15 +24,6 @@ from vocoder.flow import (
 pytestmark = pytest.mark.vocoder
 
 PROMPT_TOKENS = 12
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    # Tiny ops are latency-bound; a second OpenMP thread only adds contention on a shared box.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

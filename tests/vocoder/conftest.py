@@ -1,0 +1,20 @@
+"""Shared by the vocoder tests: torch runs single-threaded.
+
+Tiny ops are latency-bound; a second OpenMP thread only adds contention on a shared 2-core box,
+and the engine itself defaults to one intra-op thread (vocoder.determinism).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
