@@ -334,7 +334,7 @@ def decode_spans(
         target = _targets()[fingerprint]
         ok = np.ones(len(rows), dtype=bool)
         walked = walk(target.plan, buffer, starts[rows] + wire.HEADER_BYTES, ends[rows], ok)
-        for row, result in zip(rows.tolist(), _records(target, walked, data), strict=True):
+        for row, result in zip(rows.tolist(), _records(target, walked, buffer, data), strict=True):
             results[row] = result
     for row in [i for i, result in enumerate(results) if result is None]:
         results[row] = _decode_one(data[starts[row] : ends[row]] if present[row] else None)
@@ -367,22 +367,54 @@ def _by_target(buffer: Bytes, starts: Int64s, ends: Int64s, present: Bools) -> d
 # building records
 
 
-def _texts(column: Column, data: bytes, ok: Bools) -> list[Any]:
+def _texts(column: Column, buffer: Bytes, data: bytes, ok: Bools) -> list[Any]:
     """A string column as str (None where null). A row that is not valid UTF-8 is marked not
-    ok: `wire.decode` then reports it."""
-    raw = blobs(column, data)
-    try:
-        return [None if blob is None else blob.decode() for blob in raw]
-    except UnicodeDecodeError:
-        pass
+    ok: `wire.decode` then reports it. Equal strings are one object (request ids repeat
+    every chunk): decoded once, and their hash is computed once for the fold's lookups."""
+    rows, inverse = _distinct(column, buffer)
+    distinct = blobs(_take(column, rows), data)
     texts: list[Any] = []
-    for row, blob in enumerate(raw):
+    bad = []
+    for index, blob in enumerate(distinct):
         try:
             texts.append(None if blob is None else blob.decode())
         except UnicodeDecodeError:
-            ok[row] = False
+            bad.append(index)
             texts.append(None)
-    return texts
+    if bad:
+        ok[np.isin(inverse, bad)] = False
+    return [texts[index] for index in inverse.tolist()]
+
+
+_DISTINCT_WIDTH = 32  # longer strings are compared by the bytes objects themselves
+
+
+def _distinct(column: Column, buffer: Bytes) -> tuple[Int64s, Int64s]:
+    """(a row of each distinct value, each row's index into those rows) of a string column."""
+    assert column.lengths is not None
+    count = len(column.values)
+    width = int(column.lengths.max()) if count else 0
+    if width > _DISTINCT_WIDTH or count == 0:
+        return np.arange(count, dtype=np.int64), np.arange(count, dtype=np.int64)
+    spread = np.arange(width)
+    matrix = np.zeros((count, width + 9), dtype=np.uint8)  # bytes, length, present
+    # bytes past a row's length are zeroed below; the clip keeps the gather in the buffer
+    matrix[:, :width] = buffer[np.minimum(column.values[:, None] + spread, len(buffer) - 1)]
+    matrix[:, :width] *= spread < column.lengths[:, None]
+    matrix[:, width : width + 8] = column.lengths.astype("<u8").view(np.uint8).reshape(count, 8)
+    if column.present is not None:
+        matrix[:, width + 8] = column.present
+    keys = np.ascontiguousarray(matrix).view(np.dtype((np.void, width + 9))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return first.astype(np.int64), inverse.astype(np.int64).ravel()
+
+
+def _take(column: Column, rows: Int64s) -> Column:
+    return Column(
+        column.values[rows],
+        None if column.present is None else column.present[rows],
+        None if column.lengths is None else column.lengths[rows],
+    )
 
 
 def blobs(column: Column, data: bytes) -> list[Any]:
@@ -419,10 +451,12 @@ def _symbols(column: Column, symbols: tuple[str, ...]) -> list[Any]:
     return _nulls(column, [symbols[index] for index in indexes])
 
 
-def _values(target: _Target, field: FieldPlan, column: Column, data: bytes, ok: Bools) -> list[Any]:
+def _values(
+    target: _Target, field: FieldPlan, column: Column, buffer: Bytes, data: bytes, ok: Bools
+) -> list[Any]:
     """The field for every row as fastavro gives it (array fields already as tuples)."""
     if field.kind == "string":
-        return _texts(column, data, ok)
+        return _texts(column, buffer, data, ok)
     if field.kind in ("bytes", "fixed"):
         return blobs(column, data)
     if field.kind == "boolean":
@@ -436,12 +470,12 @@ def _values(target: _Target, field: FieldPlan, column: Column, data: bytes, ok: 
     return _nulls(column, column.values.tolist())
 
 
-def _records(target: _Target, walked: Walk, data: bytes) -> list[Outcome | None]:
+def _records(target: _Target, walked: Walk, buffer: Bytes, data: bytes) -> list[Outcome | None]:
     """Records of the rows the walk proved (None for the others), built as
     `RecordMapping.build` does: its conversions, then the slots filled directly."""
     ok = walked.ok.copy()
     columns = {
-        field.name: _values(target, field, walked.columns[field.name], data, ok)
+        field.name: _values(target, field, walked.columns[field.name], buffer, data, ok)
         for field in target.plan
     }
     mapping = wire.registry().mappings[target.version.name]
