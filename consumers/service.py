@@ -5,6 +5,13 @@ batched vocoder decode), then ONE Kafka transaction that carries the audio chunk
 letters, a checkpoint per touched request (compacted progress topic) and the consumed offsets.
 A crash before the commit aborts everything of the step; a crash after it loses nothing.
 
+The commit overlaps the next step: a step's transaction is committed on a helper thread while
+the main thread polls and decodes the next batch, so the vocoder does not wait for the broker.
+Transactions stay strictly sequential: a step begins its own transaction only after the
+previous commit returned; if that commit failed, the step's decoded results are discarded and
+the state is rebuilt from the log (`_rewind`), exactly as after any failed transaction.
+Rebalance callbacks, the idle check and shutdown wait for the commit in flight first.
+
 How recovery works (see also the README): vocoder state (hundreds of MB per stream on the real
 model) is never snapshotted. Each transaction writes, per touched request, a small checkpoint
 to the progress topic, in the partition numbered like the input partition: the fold state
@@ -111,6 +118,8 @@ class VocoderService:
         self._stop = stop_event or threading.Event()
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
+        self._committing: threading.Thread | None = None  # the previous step's commit
+        self._commit_error: KafkaException | None = None
         self.stats: dict[str, int] = {"records": 0, "windows": 0, "dead_letters": 0, "steps": 0}
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -131,9 +140,11 @@ class VocoderService:
             return self._loop()
         except InfrastructureError as exc:
             print(f"codeclog vocode: {exc}", file=sys.stderr)
+            self._join_commit()
             self._abort_quietly()
             return EXIT_INFRASTRUCTURE
         finally:
+            self._join_commit()
             self._close()
 
     def _start(self) -> None:
@@ -227,7 +238,9 @@ class VocoderService:
             idle_since = time.monotonic()
             out = self._step(records)
             if out.fatal is not None:
+                self._settle()
                 return self._strict_fatal(out)
+        self._settle()
         return EXIT_OK
 
     def _has_assignment(self) -> bool:
@@ -237,6 +250,7 @@ class VocoderService:
     def _drained(self) -> bool:
         """Every assigned partition is read up to its end (nothing committed is left)."""
         assert self._consumer is not None
+        self._settle()
         assignment = self._consumer.assignment()
         committed = {(tp.topic, tp.partition): tp.offset for tp in self._committed(assignment)}
         for tp in self._consumer.position(assignment):
@@ -290,17 +304,23 @@ class VocoderService:
         try:
             return self._transaction(records)
         except KafkaException as exc:
-            self._handle_transaction_error(exc)
-            self._rewind()
+            self._recover_from(exc)
             return StepOutput()
+
+    def _recover_from(self, exc: KafkaException) -> None:
+        """A transaction failed (this step's or the previous): abort, rebuild from the log."""
+        self._handle_transaction_error(exc)
+        self._rewind()
 
     def _transaction(self, records: Sequence[InputRecord]) -> StepOutput:
         assert self._producer is not None and self._consumer is not None
         started = time.perf_counter()
-        self._producer.begin_transaction()
-        out = self.pipeline.step(records)
+        positions = self._positions()  # what this step consumed; taken before the next poll
+        out = self.pipeline.step(records)  # decodes while the previous commit is in flight
         self.pipeline.evict_oldest(out, self.config.max_open_streams)
+        self._await_commit()  # raises if it failed: this step's results are then discarded
         self._note_epoch_starts(out)
+        self._producer.begin_transaction()
         for chunk in out.audio:
             self._produce(self.topics.audio, chunk.request_id, wire.encode(chunk))
         for letter in out.dead_letters:
@@ -309,11 +329,41 @@ class VocoderService:
             value = wire.encode(checkpoint)
             self._produce(self.topics.progress, checkpoint.request_id, value, partition)
         self._producer.send_offsets_to_transaction(
-            self._positions(), self._consumer.consumer_group_metadata(), 30
+            positions, self._consumer.consumer_group_metadata(), 30
         )
-        self._producer.commit_transaction(30)
-        self._observe(out, time.perf_counter() - started)
+        self.metrics.open_streams.set(self.pipeline.open_streams())
+        self._committing = threading.Thread(
+            target=self._commit, args=(out, started), name="codeclog-commit", daemon=True
+        )
+        self._committing.start()
         return out
+
+    def _commit(self, out: StepOutput, started: float) -> None:
+        """The commit thread: commit the open transaction, then account for the step."""
+        assert self._producer is not None
+        try:
+            self._producer.commit_transaction(30)
+        except KafkaException as exc:
+            self._commit_error = exc
+            return
+        self._observe(out, time.perf_counter() - started)
+
+    def _await_commit(self) -> None:
+        """Wait for the previous step's commit; re-raise its failure here, on the main thread."""
+        if self._committing is not None:
+            self._committing.join()
+            self._committing = None
+        error, self._commit_error = self._commit_error, None
+        if error is not None:
+            raise error
+
+    def _settle(self) -> None:
+        """Wait for the commit in flight and handle its failure (before rebalances, idle checks
+        and shutdown, which all read or hand over committed state)."""
+        try:
+            self._await_commit()
+        except KafkaException as exc:
+            self._recover_from(exc)
 
     def _produce(self, topic: str, key: str, value: bytes, partition: int | None = None) -> None:
         assert self._producer is not None
@@ -385,7 +435,6 @@ class VocoderService:
         audio_s = sum(len(c.pcm_s16le) // 2 for c in out.audio) / SAMPLE_RATE_HZ
         if audio_s > 0:
             m.rtf.set(out.decode_s / audio_s)
-        m.open_streams.set(self.pipeline.open_streams())
         for letter in out.dead_letters:
             m.rejections.labels(reason=letter.reason).inc()
         for chunk in out.audio:
@@ -449,12 +498,21 @@ class VocoderService:
     # -- rebalance and recovery -----------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._join_commit()
         for tp in self._committed(partitions):
             self._recover(tp)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._join_commit()  # hand over committed work only
         for tp in partitions:
             self.pipeline.drop_partition(tp.partition)
+
+    def _join_commit(self) -> None:
+        """Inside a rebalance callback: wait for the commit in flight without raising; a failure
+        stays recorded and the main loop rewinds at its next step."""
+        if self._committing is not None:
+            self._committing.join()
+            self._committing = None
 
     def _committed(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         if not partitions:

@@ -1,16 +1,24 @@
-"""How the consumer service takes records from librdkafka: never waits for a full batch.
+"""How the consumer service talks to librdkafka: never waits for a full batch; the background
+commit hands its outcome to the main thread.
 
 `Consumer.consume(n, timeout)` returns only when n records are there or the timeout expires, so a
 plain `consume(max_records, 0.05)` added up to 50 ms to every chunk at low load. These tests pin
 the call pattern with a recording stand-in for the librdkafka queue (no broker involved: the
-behaviour under test is which calls the service makes).
+behaviour under test is which calls the service makes). The commit tests use a producer that
+fails once, which a live broker cannot be made to do on demand; the end-to-end exactly-once
+tests (test_vocode_kafka.py) cover the commit on the real broker.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
 from codeclog.config import TopicsConfig
+from consumers.pipeline import StepOutput
 from consumers.service import VocodeConfig, VocoderService
 
 
@@ -57,3 +65,52 @@ def test_nothing_arriving_returns_empty_after_one_wait() -> None:
     queue = RecordingQueue(ready=[], arriving=[])
     assert _service()._fetched(queue) == []  # type: ignore[arg-type]
     assert queue.calls == [(64, 0), (1, 0.05)]
+
+
+class CommitOnce:
+    """A producer whose commit_transaction fails once with `error`, then succeeds."""
+
+    def __init__(self, error: KafkaException | None) -> None:
+        self.error = error
+        self.commits = 0
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.commits += 1
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
+def _committing(service: VocoderService, producer: CommitOnce) -> None:
+    service._producer = producer  # type: ignore[assignment]
+    service._committing = threading.Thread(target=service._commit, args=(StepOutput(), 0.0))
+    service._committing.start()
+
+
+def test_a_failed_background_commit_is_raised_on_the_main_thread() -> None:
+    service = _service()
+    failure = KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out"))
+    _committing(service, CommitOnce(failure))
+    with pytest.raises(KafkaException) as caught:
+        service._await_commit()
+    assert caught.value is failure
+    service._await_commit()  # reported once: nothing is pending any more
+
+
+def test_a_rebalance_waits_for_the_commit_and_leaves_its_failure_to_the_loop() -> None:
+    service = _service()
+    failure = KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out"))
+    _committing(service, CommitOnce(failure))
+    service._join_commit()  # inside a rebalance callback: never raises
+    assert service._committing is None
+    with pytest.raises(KafkaException):
+        service._await_commit()  # the next step discards its results and rewinds
+
+
+def test_a_successful_commit_accounts_for_its_step() -> None:
+    service = _service()
+    producer = CommitOnce(None)
+    _committing(service, producer)
+    service._await_commit()
+    assert producer.commits == 1
+    assert service.stats["steps"] == 1
