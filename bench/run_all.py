@@ -24,7 +24,7 @@ FULL: list[tuple[str, list[str]]] = [
     ("publisher (issue 4)", ["bench_publisher.py", "--records", "20000", "--rate", "200"]),
     ("flow (issue 6)", ["bench_flow.py", "--configs", "tiny,full", "--batches", "1,4,16"]),
     ("vocoder end to end (issue 7)", ["bench_vocoder.py"]),
-    ("consumer (issue 8)", ["bench_consumer.py", "--streams", "10", "100", "--seconds", "15"]),
+    ("consumer (issue 8)", ["bench_consumer.py", "--streams", "2", "10", "100", "--seconds", "15"]),
 ]
 QUICK_ARGS = {
     "bench_fold.py": ["--sessions", "200"],
