@@ -33,6 +33,7 @@ class ReplayOptions:
     vocoder: str = VOCODER_NONE  # "none", "tiny" or a checkpoint directory
     step_records: int = STEP_RECORDS
     keep_pcm: bool = False  # collect every request's PCM (for --wav-dir)
+    workers: int | None = None  # processes for a state-only tolerant replay (None: per core)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +94,9 @@ def _replay_state_only(
             progress.update(done, total, done)
 
     config = pipeline_config(options).fold
-    report, dead_letters = replay_table(table, config, options.step_records, update)
+    report, dead_letters = replay_table(
+        table, config, options.step_records, update, options.workers
+    )
     if progress is not None:
         progress.close()
     return ReplayResult(_finish_report(report, source, options, dead_letters), {})

@@ -66,6 +66,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes for a state-only tolerant replay of a capture, whole partitions each "
+        "(default: one per core, up to 4); the report is the same for any N",
+    )
+    parser.add_argument(
         "--wav-dir", type=Path, metavar="D", help="write one 24 kHz mono WAV per request into D"
     )
     publish = parser.add_argument_group("republish")
@@ -108,7 +116,15 @@ def _replay(args: argparse.Namespace) -> int:
     from replay.wav import write_wavs
 
     source = load_input(args.input)
-    options = ReplayOptions(Policy(args.policy), args.vocoder, keep_pcm=args.wav_dir is not None)
+    if args.workers is not None and args.workers < 1:
+        print("codeclog replay: --workers must be >= 1", file=sys.stderr)
+        return 2
+    options = ReplayOptions(
+        Policy(args.policy),
+        args.vocoder,
+        keep_pcm=args.wav_dir is not None,
+        workers=args.workers,
+    )
     progress = StderrProgress(time.monotonic, "replay", "records")
     result = replay(source, options, progress)
     if args.wav_dir is not None:

@@ -5,8 +5,10 @@ scenario-derived ones, captures with poison records, and captures it must not re
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from consumers.fold.machine import Policy
 from consumers.fold.scenario import read_scenario
 from consumers.fold.synth import realistic_events
+from replay import fast
 from replay.capture_format import CapturedRecord, RecordHeader, read_capture
 from replay.columns import read_table
 from replay.errors import CaptureFormatError
@@ -138,3 +141,80 @@ def test_equal_positions_keep_their_file_order(tmp_path: Path) -> None:
     doubled = [records[0], *records]  # a record captured twice: the same (partition, offset)
     doubled[1] = dataclasses.replace(doubled[1], key=b"other")
     assert_same_replay(_write(tmp_path, doubled, 1, "doubled.ocf"))
+
+
+# -- several processes --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let the test captures (hundreds of records) be split across processes."""
+    monkeypatch.setattr(fast, "MIN_RECORDS_PER_WORKER", 10)
+
+
+def assert_same_for_any_workers(path: Path) -> None:
+    source = load_input(path)
+    assert source.table is not None
+    one = report_json(replay(source, ReplayOptions(workers=1)).report)
+    for workers in (2, 3, 5):
+        assert report_json(replay(source, ReplayOptions(workers=workers)).report) == one
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_workers_give_the_same_report(synthetic_capture: Path) -> None:
+    assert_same_for_any_workers(synthetic_capture)
+
+
+@pytest.mark.usefixtures("small_parts")
+@pytest.mark.parametrize("seed", range(3))
+def test_workers_give_the_same_report_with_poison(seed: int, tmp_path: Path) -> None:
+    # keyless and mis-keyed records put one request id into several partitions: the parts
+    # are then thrown away and one process replays the table
+    assert_same_for_any_workers(_write(tmp_path, _poisoned(seed), 4, "poison.ocf"))
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_partition_ranges_cut_only_between_partitions() -> None:
+    partitions = [0] * 30 + [1] * 5 + [2] * 40 + [3] * 25
+    for workers in range(1, 7):
+        ranges = fast._partition_ranges(partitions, workers)
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(partitions)
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+        assert len(ranges) <= workers
+        assert all(lo == 0 or partitions[lo] != partitions[lo - 1] for lo, _ in ranges)
+    assert fast._partition_ranges(partitions, 2) == [(0, 35), (35, 100)]
+    assert fast._partition_ranges([7] * 100, 4) == [(0, 100)]  # one partition: one process
+
+
+def test_parts_sharing_a_request_are_not_joined() -> None:
+    part = {"policy": "tolerant", "events": 1, "unprocessed": 0, "stage": {"fatal": None}}
+    a = ({**part, "requests": {"r1": {"status": "open", "outcomes": []}}}, Counter(x=1))
+    b = ({**part, "requests": {"r2": {"status": "released", "outcomes": []}}}, Counter(x=2))
+    joined = fast._join([a, b])
+    assert joined is not None
+    assert joined[0]["events"] == 2 and set(joined[0]["requests"]) == {"r1", "r2"}
+    assert joined[1] == Counter(x=3)
+    assert fast._join([a, a]) is None
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_a_request_in_two_partitions_falls_back_to_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = records_from_events(realistic_events(random.Random(3), sessions=8, turns=2), 4)
+    target = records[0].key
+    split = [
+        dataclasses.replace(r, partition=(r.partition + 2) % 4, offset=10_000 + i)
+        if r.key == target and i % 2
+        else r
+        for i, r in enumerate(records)
+    ]
+    joins: list[object] = []
+    real_join = fast._join
+    monkeypatch.setattr(fast, "_join", lambda parts: joins.append(real_join(parts)) or joins[-1])
+    path = _write(tmp_path, split, 4, "split.ocf")
+    assert_same_for_any_workers(path)
+    assert joins and all(joined is None for joined in joins)  # parts were made, then refused
+    joins.clear()
+    assert_same_for_any_workers(_write(tmp_path, records, 4, "clean.ocf"))
+    assert joins and all(joined is not None for joined in joins)  # the parallel path ran
