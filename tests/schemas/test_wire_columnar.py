@@ -16,11 +16,8 @@ from hypothesis import strategies as st
 from consumers.fold.synth import realistic_events
 from schemas import wire
 from schemas.columnar import decode_values
-from schemas.records import AudioChunk, CodecChunk, ControlEvent, ControlKind, to_dict
-
-INT32 = st.integers(-(2**31), 2**31 - 1)
-INT64 = st.integers(-(2**63), 2**63 - 1)
-TEXT = st.text(max_size=12)
+from schemas.records import CodecChunk, ControlEvent, ControlKind, to_dict
+from tests.schemas.strategies import audio_chunks, codec_chunks, control_events
 
 
 def _outcome(value: bytes | None) -> Any:
@@ -60,43 +57,7 @@ def _v1(chunk: CodecChunk) -> bytes:
     return wire.MARKER + fingerprint + body.getvalue()
 
 
-chunks = st.builds(
-    CodecChunk,
-    request_id=TEXT,
-    codes=st.lists(INT32, max_size=40).map(tuple),
-    cache_epoch=INT32,
-    chunk_seq=INT32,
-    code_flat_numel=st.none() | INT32,
-    codec_chunk_frames=INT32,
-    codec_left_context_frames=INT32,
-    last_chunk=st.booleans(),
-    tts_is_last_chunk=st.booleans(),
-    turn_end=st.booleans(),
-    duplex_epoch=INT64,
-    duplex_turn_id=INT64,
-    llm_output_text_utf8=st.binary(max_size=12),
-    segment_end=st.booleans(),
-    ref_audio=st.none() | st.binary(max_size=12),
-    ref_audio_sr=st.none() | INT32,
-    prompt_cache_id=st.none() | TEXT,
-    produced_at_ms=INT64,
-    producer_id=TEXT,
-    streaming_condition_seq=st.none() | INT64,
-)
-controls = st.builds(ControlEvent, TEXT, st.sampled_from(list(ControlKind)), TEXT, INT64, TEXT)
-audio = st.builds(
-    AudioChunk,
-    request_id=TEXT,
-    cache_epoch=INT32,
-    chunk_seqs=st.lists(INT32, max_size=4).map(tuple),
-    window_index=INT32,
-    sample_offset=INT64,
-    sample_rate_hz=INT32,
-    pcm_s16le=st.binary(max_size=8),
-    sha256=TEXT,
-    final=st.booleans(),
-)
-encoded = st.one_of(chunks, controls, audio).map(wire.encode)
+encoded = st.one_of(codec_chunks, control_events, audio_chunks).map(wire.encode)
 
 
 @st.composite
@@ -116,7 +77,7 @@ def damaged(draw: st.DrawFn) -> bytes | None:
     if how == "none":
         return None
     if how == "old":
-        return _v1(draw(chunks))
+        return _v1(draw(codec_chunks))
     return value
 
 
