@@ -9,6 +9,7 @@ import itertools
 import random
 import re
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,18 @@ def test_a_request_in_two_partitions_falls_back_to_one_process(
     joins.clear()
     assert_same_for_any_workers(_write(tmp_path, records, 4, "clean.ocf"))
     assert joins and all(joined is not None for joined in joins)  # the parallel path ran
+
+
+def test_the_cli_splits_a_large_capture_and_prints_the_same_report(
+    tmp_path: Path, run_cli: Callable[[Sequence[str]], tuple[int, str, str]]
+) -> None:
+    """Above the real threshold (no patching): 2 processes and 1 give the same --json bytes."""
+    events = realistic_events(random.Random(11), sessions=400, turns=4)
+    records = records_from_events(events, partitions=8)
+    path = _write(tmp_path, records, 8, "large.ocf")
+    assert len(records) >= 2 * fast.MIN_RECORDS_PER_WORKER
+    assert len(fast._partition_ranges(load_input(path).table.partitions.tolist(), 2)) == 2  # type: ignore[union-attr]
+    outputs = [run_cli(["replay", str(path), "--json", "--workers", n]) for n in ("1", "2")]
+    assert [code for code, _, _ in outputs] == [0, 0]
+    assert outputs[0][1] == outputs[1][1]
+    assert run_cli(["replay", str(path), "--workers", "0"])[0] == 2
