@@ -229,7 +229,9 @@ def test_the_cli_splits_a_large_capture_and_prints_the_same_report(
     records = records_from_events(events, partitions=8)
     path = _write(tmp_path, records, 8, "large.ocf")
     assert len(records) >= 2 * fast.MIN_RECORDS_PER_WORKER
-    assert len(fast._partition_ranges(load_input(path).table.partitions.tolist(), 2)) == 2  # type: ignore[union-attr]
+    table = load_input(path).table
+    assert table is not None
+    assert len(fast._partition_ranges(table.partitions.tolist(), 2)) == 2
     outputs = [run_cli(["replay", str(path), "--json", "--workers", n]) for n in ("1", "2")]
     assert [code for code, _, _ in outputs] == [0, 0]
     assert outputs[0][1] == outputs[1][1]
