@@ -472,7 +472,7 @@ def _values(
 
 def _records(target: _Target, walked: Walk, buffer: Bytes, data: bytes) -> list[Outcome | None]:
     """Records of the rows the walk proved (None for the others), built as
-    `RecordMapping.build` does: its conversions, then the slots filled directly."""
+    `RecordMapping.build` does: its conversions, then its `construct`."""
     ok = walked.ok.copy()
     columns = {
         field.name: _values(target, field, walked.columns[field.name], buffer, data, ok)
@@ -482,8 +482,8 @@ def _records(target: _Target, walked: Walk, buffer: Bytes, data: bytes) -> list[
     for name, convert in mapping.to_record:
         if convert is not tuple:  # arrays are tuples already
             columns[name] = _convert(convert, columns[name], ok)
-    builder = _builder(mapping.record_type)
-    records: list[Any] = list(map(builder, *(columns[name] for name in mapping.field_names)))
+    columns_in_order = (columns[name] for name in mapping.field_names)
+    records: list[Any] = list(map(mapping.construct, *columns_in_order))
     for row in np.flatnonzero(~ok).tolist():
         records[row] = None
     return records
@@ -498,40 +498,3 @@ def _convert(convert: Callable[[Any], Any], values: list[Any], ok: Bools) -> lis
             ok[row] = False
             out.append(None)
     return out
-
-
-def _builder(record_type: type) -> Callable[..., Any]:
-    build = _BUILDERS.get(record_type)
-    if build is None:
-        build = _BUILDERS[record_type] = _make_builder(record_type)
-    return build
-
-
-_BUILDERS: dict[type, Callable[..., Any]] = {}
-
-
-def _make_builder(record_type: type) -> Callable[..., Any]:
-    """A function of the field values (in field order) that returns a `record_type` instance.
-
-    A frozen slotted dataclass's __init__ pays an `object.__setattr__` per field, and calling
-    the slot descriptors one by one is not much cheaper. This fills an instance of a plain
-    class with the very same slots and then sets its `__class__` to the record type: CPython
-    allows that only between classes of identical layout (it raises TypeError otherwise), so
-    the result is a genuine `record_type` instance, equal to the one __init__ would build
-    (tests/schemas/test_wire_columnar.py checks it). Records have no __post_init__ (`wire`
-    refuses such types), so nothing is skipped.
-    """
-    names = tuple(f.name for f in dataclasses.fields(record_type))
-    if getattr(record_type, "__slots__", None) != names:
-        raise TypeError(f"{record_type.__name__} is not a slotted record")
-    twin = type(f"_{record_type.__name__}Slots", (), {"__slots__": names})
-    arguments = ", ".join(names)
-    body = "".join(f"    record.{name} = {name}\n" for name in names)
-    source = (
-        f"def build({arguments}):\n    record = new(twin)\n{body}"
-        "    record.__class__ = record_type\n    return record\n"
-    )
-    namespace: dict[str, Any] = {"new": object.__new__, "twin": twin, "record_type": record_type}
-    exec(source, namespace)  # the generated function: plain slot stores, no lookups by name
-    build: Callable[..., Any] = namespace["build"]
-    return build

@@ -36,6 +36,7 @@ from schemas.records import (
     ControlKind,
     DeadLetter,
     StreamCheckpoint,
+    slot_constructor,
 )
 
 Record: TypeAlias = CodecChunk | ControlEvent | AudioChunk | DeadLetter | StreamCheckpoint
@@ -127,22 +128,20 @@ class RecordMapping:
 
     A frozen dataclass's __init__ pays an `object.__setattr__` per field (half the decode time
     of a codec chunk); the records are plain slotted value objects without `__post_init__`, so
-    `build` fills the slots directly. `_mapping` refuses a type where that would skip logic.
+    `construct` (records.slot_constructor) fills the slots directly. `_mapping` refuses a type
+    where that would skip logic.
     """
 
     record_type: type[Record]
     field_names: tuple[str, ...]
     to_record: tuple[tuple[str, Callable[[Any], Any]], ...]  # Avro value -> record value
     to_avro: tuple[tuple[str, Callable[[Any], Any]], ...]  # record value -> Avro value
-    slot_setters: tuple[tuple[str, Callable[[Any, Any], None]], ...]
+    construct: Callable[..., Record]  # field values in field order -> record
 
     def build(self, values: dict[str, Any]) -> Record:
         for name, convert in self.to_record:
             values[name] = convert(values[name])
-        record = object.__new__(self.record_type)
-        for name, set_slot in self.slot_setters:
-            set_slot(record, values[name])
-        return record
+        return self.construct(*[values[name] for name in self.field_names])
 
     def avro_values(self, record: Record) -> dict[str, Any]:
         values = {name: getattr(record, name) for name in self.field_names}
@@ -311,7 +310,7 @@ def _mapping(record_type: type[Record], name: str) -> RecordMapping:
         field_names=tuple(f.name for f in fields),
         to_record=to_record,
         to_avro=to_avro,  # tuples need no conversion: fastavro writes any sequence
-        slot_setters=tuple((f.name, getattr(record_type, f.name).__set__) for f in fields),
+        construct=slot_constructor(record_type),
     )
 
 

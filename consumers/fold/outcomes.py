@@ -14,7 +14,7 @@ import dataclasses
 import enum
 from typing import Any, ClassVar
 
-from schemas.records import CodecChunk
+from schemas.records import CodecChunk, slot_constructor
 
 
 class OutcomeKind(enum.Enum):
@@ -145,11 +145,7 @@ class Decode:
         }
 
 
-def _slot_setters(cls: type) -> tuple[Any, ...]:
-    return tuple(cls.__dict__[field.name].__set__ for field in dataclasses.fields(cls))
-
-
-_DECODE_SETTERS = _slot_setters(Decode)
+_CONSTRUCT_DECODE = slot_constructor(Decode)
 
 
 def new_decode(
@@ -161,22 +157,12 @@ def new_decode(
     newest: CodecChunk | None,
     held: Echo | None = None,
 ) -> Decode:
-    """`Decode(...)` with `frames=len(codes)`, about twice as fast (the fold's hot path).
-
-    A frozen dataclass's generated __init__ goes through object.__setattr__ field by field;
-    writing the slots through their descriptors is the same effect without the lookups. A test
-    checks that both build equal objects.
-    """
-    decode = object.__new__(Decode)
-    s_rid, s_epoch, s_seqs, s_frames, s_final, s_codes, s_newest, s_held = _DECODE_SETTERS
-    s_rid(decode, request_id)
-    s_epoch(decode, cache_epoch)
-    s_seqs(decode, chunk_seqs)
-    s_frames(decode, len(codes))
-    s_final(decode, final)
-    s_codes(decode, codes)
-    s_newest(decode, newest)
-    s_held(decode, held)
+    """`Decode(...)` with `frames=len(codes)`, several times faster (the fold's hot path):
+    records.slot_constructor fills the slots without the frozen __init__'s per-field
+    object.__setattr__. A test checks that both build equal objects."""
+    decode: Decode = _CONSTRUCT_DECODE(
+        request_id, cache_epoch, chunk_seqs, len(codes), final, codes, newest, held
+    )
     return decode
 
 

@@ -20,6 +20,7 @@ from schemas.records import (
     ControlKind,
     DeadLetter,
     StreamCheckpoint,
+    slot_constructor,
     to_dict,
 )
 from tests.schemas.strategies import (
@@ -258,3 +259,28 @@ def test_a_genuine_forgery_writer_is_not_refused() -> None:
     """Control for the table above: the forging helper alone does not break decoding."""
     decoded = wire.decode(_forged_chunk("chunk_seq", "long", 2**31 - 1))
     assert decoded == dataclasses.replace(FIRST_WINDOW, chunk_seq=2**31 - 1)
+
+
+def test_slot_constructor_builds_what_init_builds_and_refuses_other_types() -> None:
+    construct = slot_constructor(DeadLetter)
+    letter = DeadLetter("malformed", "codec.chunks", 3, 2**40, b"\xc3\x01\x00")
+    values = [getattr(letter, f.name) for f in dataclasses.fields(DeadLetter)]
+    built = construct(*values)
+    assert type(built) is DeadLetter and built == letter and hash(built) == hash(letter)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.reason = "other"
+
+    @dataclasses.dataclass(frozen=True)
+    class Unslotted:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        a: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    for refused in (Unslotted, Checked):
+        with pytest.raises(TypeError, match="slotted record"):
+            slot_constructor(refused)
