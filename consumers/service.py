@@ -350,9 +350,7 @@ class VocoderService:
 
     def _await_commit(self) -> None:
         """Wait for the previous step's commit; re-raise its failure here, on the main thread."""
-        if self._committing is not None:
-            self._committing.join()
-            self._committing = None
+        self._join_commit()
         error, self._commit_error = self._commit_error, None
         if error is not None:
             raise error
