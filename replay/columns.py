@@ -36,7 +36,7 @@ from replay.capture_format import (
     TimestampType,
 )
 from replay.errors import CaptureFormatError
-from schemas.columnar import Bools, Bytes, Int64s, Walk, blobs, padded, plan_of, walk
+from schemas.columnar import Bools, Bytes, Int64s, Walk, blobs, padded, plan_of, take, walk
 
 _PLAN = plan_of(CAPTURE_SCHEMA)
 _TIMESTAMP_TYPES = tuple(
@@ -76,7 +76,7 @@ class CaptureTable(Sequence[CapturedRecord]):
         # as sorted() in replay.inputs.log_order keeps them
         order = order[np.argsort(partition[order], kind="stable")]
         self.partitions: Int64s = partition[order]
-        self._columns = {name: _take(column, order) for name, column in walked.columns.items()}
+        self._columns = {name: take(column, order) for name, column in walked.columns.items()}
         self._records: tuple[CapturedRecord, ...] | None = None
 
     def __len__(self) -> int:
@@ -94,9 +94,10 @@ class CaptureTable(Sequence[CapturedRecord]):
     def __iter__(self) -> Iterator[CapturedRecord]:
         return iter(self.records())
 
-    def keys(self) -> list[bytes | None]:
-        """Each record's key (None for a record without one), in log order."""
-        return blobs(self._columns["key"], self.data)
+    def keys(self, rows: slice = slice(None)) -> list[bytes | None]:
+        """Each record's key (None for a record without one), in log order; `rows`: only
+        those records."""
+        return blobs(take(self._columns["key"], rows), self.data)
 
     def value_spans(self) -> tuple[Int64s, Int64s, Bools]:
         """(start, end, present) of each record's value in `data`, in log order."""
@@ -141,15 +142,6 @@ class CaptureTable(Sequence[CapturedRecord]):
             for row in np.flatnonzero(~column.present).tolist():
                 values[row] = None
         return values
-
-
-def _take(column: Any, order: Int64s) -> Any:
-    return dataclasses.replace(
-        column,
-        values=column.values[order],
-        present=None if column.present is None else column.present[order],
-        lengths=None if column.lengths is None else column.lengths[order],
-    )
 
 
 def read_table(path: str | Path) -> CaptureTable | None:
@@ -255,12 +247,12 @@ def _chain(blocks: _Blocks, candidates: Int64s, walked: Walk) -> Int64s | None:
 
 
 def _pick(walked: Walk, chain: Int64s) -> dict[str, Any]:
-    return {name: _take(column, chain) for name, column in walked.columns.items()}
+    return {name: take(column, chain) for name, column in walked.columns.items()}
 
 
 def _texts_valid(walked: Walk, data: bytes, chain: Int64s) -> bool:
     """Every topic decodes as UTF-8 (fastavro's reader would fail the block otherwise)."""
-    column = _take(walked.columns["topic"], chain)
+    column = take(walked.columns["topic"], chain)
     try:
         for topic in set(blobs(column, data)):
             topic.decode()

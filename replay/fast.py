@@ -211,7 +211,7 @@ def _fold_all(
     per_partition = config.policy is Policy.TOLERANT
     rows = slice(first_row, first_row + len(events))
     partitions = table.partitions[rows].tolist() if per_partition else [0] * len(events)
-    keys = table.keys()[rows]
+    keys = table.keys(rows)
     dead: Counter[str] = Counter()
     for start in range(0, len(events), step_records):
         stop = min(start + step_records, len(events))

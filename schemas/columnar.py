@@ -372,7 +372,7 @@ def _texts(column: Column, buffer: Bytes, data: bytes, ok: Bools) -> list[Any]:
     ok: `wire.decode` then reports it. Equal strings are one object (request ids repeat
     every chunk): decoded once, and their hash is computed once for the fold's lookups."""
     rows, inverse = _distinct(column, buffer)
-    distinct = blobs(_take(column, rows), data)
+    distinct = blobs(take(column, rows), data)
     texts: list[Any] = []
     bad = []
     for index, blob in enumerate(distinct):
@@ -409,7 +409,9 @@ def _distinct(column: Column, buffer: Bytes) -> tuple[Int64s, Int64s]:
     return first.astype(np.int64), inverse.astype(np.int64).ravel()
 
 
-def _take(column: Column, rows: Int64s) -> Column:
+def take(column: Column, rows: Int64s | slice) -> Column:
+    """The column's values at `rows` (an index array or a slice). Array items are not taken
+    (they are flat, not per row): the result has none."""
     return Column(
         column.values[rows],
         None if column.present is None else column.present[rows],
