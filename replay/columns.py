@@ -36,7 +36,7 @@ from replay.capture_format import (
     TimestampType,
 )
 from replay.errors import CaptureFormatError
-from schemas.columnar import Bools, Bytes, Int64s, Walk, blobs, padded, plan_of, take, walk
+from schemas.columnar import Bools, Bytes, Column, Int64s, Walk, blobs, padded, plan_of, take, walk
 
 _PLAN = plan_of(CAPTURE_SCHEMA)
 _TIMESTAMP_TYPES = tuple(
@@ -94,10 +94,14 @@ class CaptureTable(Sequence[CapturedRecord]):
     def __iter__(self) -> Iterator[CapturedRecord]:
         return iter(self.records())
 
-    def keys(self, rows: slice = slice(None)) -> list[bytes | None]:
+    def keys(self, rows: slice | Int64s = slice(None)) -> list[bytes | None]:
         """Each record's key (None for a record without one), in log order; `rows`: only
         those records."""
         return blobs(take(self._columns["key"], rows), self.data)
+
+    def key_column(self, rows: slice | Int64s = slice(None)) -> Column:
+        """The key of each record (a nullable bytes column: spans in `data`), in log order."""
+        return take(self._columns["key"], rows)
 
     def value_spans(self) -> tuple[Int64s, Int64s, Bools]:
         """(start, end, present) of each record's value in `data`, in log order."""

@@ -21,17 +21,20 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
+import numpy as np
+
 from consumers.fold.machine import FoldConfig, FoldState, Policy, fold, new_state
 from consumers.fold.outcomes import Reject, RejectReason
 from consumers.fold.report import ReportBuilder
 from consumers.pipeline import KEY_MISMATCH
 from replay.columns import CaptureTable
-from schemas.columnar import decode_spans
+from replay.lanes import plain_lane
+from schemas.columnar import Bools, Int64s, decode_spans
 from schemas.records import CodecChunk, ControlEvent
 
 UNDECODABLE = RejectReason.UNDECODABLE_RECORD.value
 MAX_WORKERS = 4  # processes a tolerant replay uses by default (capped by the cores)
-MIN_RECORDS_PER_WORKER = 5_000  # below this a second process costs more than it saves
+MIN_RECORDS_PER_WORKER = 25_000  # below this a second process costs more than it saves
 Progress = Callable[[int], None]  # called with the records done so far
 Part = tuple[dict[str, Any], Counter[str]]  # a report and its dead-letter reasons
 
@@ -76,11 +79,52 @@ def _replay_range(
     lo: int,
     hi: int,
 ) -> Part:
-    """Replay rows [lo, hi) of the table in this process."""
+    """Replay rows [lo, hi) of the table in this process: tolerant, plain requests are reported
+    from the columns (replay.lanes) and the fold replays the rest; strict, the fold does all."""
     with collector_paused():
         starts, ends, present = table.value_spans()
-        events = decode_spans(table.data, table.buffer, starts[lo:hi], ends[lo:hi], present[lo:hi])
-        return _fold_all(table, events, config, step_records, progress, lo)
+        spans = (starts[lo:hi], ends[lo:hi], present[lo:hi])
+        if config.policy is Policy.TOLERANT:
+            return _replay_lanes(table, spans, config, step_records, progress, lo)
+        events = decode_spans(table.data, table.buffer, *spans)
+        rows = np.arange(lo, hi, dtype=np.int64)
+        report, dead, _ = _fold_rows(table, events, rows, config, step_records, progress)
+        return report, dead
+
+
+def _replay_lanes(
+    table: CaptureTable,
+    spans: tuple[Int64s, Int64s, Bools],
+    config: FoldConfig,
+    step_records: int,
+    progress: Progress | None,
+    lo: int,
+) -> Part:
+    hi = lo + len(spans[0])
+    lane = plain_lane(
+        table.data,
+        table.buffer,
+        spans,
+        table.key_column(slice(lo, hi)),
+        table.partitions[lo:hi],
+        config,
+    )
+    fallback = lane.fallback
+    todo = np.array([row for row in fallback.tolist() if row not in lane.decoded], dtype=np.int64)
+    decoded = dict(lane.decoded)
+    if len(todo):
+        starts, ends, present = spans
+        values = decode_spans(table.data, table.buffer, starts[todo], ends[todo], present[todo])
+        decoded.update(zip(todo.tolist(), values, strict=True))
+    events = [decoded[row] for row in fallback.tolist()]
+    done = (lambda count: progress(lane.events + count)) if progress is not None else None
+    report, dead, firsts = _fold_rows(table, events, fallback + lo, config, step_records, done)
+    if progress is not None and not len(fallback):
+        progress(hi - lo)
+    firsts = {rid: row - lo for rid, row in firsts.items()} | lane.first_rows
+    entries = lane.entries | report["requests"]
+    requests = {rid: entries[rid] for rid in sorted(entries, key=firsts.__getitem__)}
+    return {**report, "events": report["events"] + lane.events, "requests": requests}, dead
 
 
 def _partition_ranges(partitions: Sequence[int], workers: int) -> list[tuple[int, int]]:
@@ -197,21 +241,23 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _fold_all(
+def _fold_rows(
     table: CaptureTable,
     events: Sequence[Any],
+    rows: Int64s,
     config: FoldConfig,
     step_records: int,
     progress: Progress | None,
-    first_row: int = 0,
-) -> Part:
-    """Fold `events`, the decoded values of table rows first_row, first_row + 1, ..."""
+) -> tuple[dict[str, Any], Counter[str], dict[str, int]]:
+    """Fold `events`, the decoded values of table rows `rows` (ascending). Also returns the
+    row of each reported request's first event."""
     builder = ReportBuilder(config.policy)
     states: dict[int, FoldState] = {}
     per_partition = config.policy is Policy.TOLERANT
-    rows = slice(first_row, first_row + len(events))
     partitions = table.partitions[rows].tolist() if per_partition else [0] * len(events)
     keys = table.keys(rows)
+    numbers = rows.tolist()
+    firsts: dict[str, int] = {}
     dead: Counter[str] = Counter()
     for start in range(0, len(events), step_records):
         stop = min(start + step_records, len(events))
@@ -228,10 +274,11 @@ def _fold_all(
             if state is None:
                 state = states[partitions[index]] = new_state(config)
             _, outcomes = fold(state, event)
+            firsts.setdefault(event.request_id, numbers[index])
             builder.add(event, outcomes)
             for outcome in outcomes:
                 if type(outcome) is Reject:
                     dead[outcome.reason.value] += 1
         if progress is not None:
             progress(stop)
-    return builder.result(), dead
+    return builder.result(), dead, firsts

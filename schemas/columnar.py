@@ -149,7 +149,23 @@ def _varint(cur: _Cursor, rows: Int64s | None = None) -> Int64s:
     """Zigzag varints (Avro int/long) at the cursor of `rows` (default: all), advancing it.
     Non-canonical (over-long), over-64-bit and unterminated varints make their row not ok."""
     pos = cur.pos if rows is None else cur.pos[rows]
-    byte = cur.buffer[pos]
+    value, size, bad = _varints_at(cur.buffer, pos)
+    if rows is None:
+        cur.pos += size
+        cur.ok &= ~bad
+    else:
+        cur.pos[rows] += size
+        cur.ok[rows[bad]] = False
+    cur.bound()
+    return value
+
+
+def _varints_at(buffer: Bytes, pos: Int64s) -> tuple[Int64s, Int64s, Bools]:
+    """(value, size in bytes, bad) of the zigzag varint at each of `pos`."""
+    short = _short_varints_at(buffer, pos)
+    if short is not None:
+        return short
+    byte = buffer[pos]
     raw = (byte & 0x7F).astype(np.uint64)
     size = np.ones(len(pos), dtype=np.int64)
     more = np.flatnonzero(byte & 0x80)
@@ -159,7 +175,7 @@ def _varint(cur: _Cursor, rows: Int64s | None = None) -> Int64s:
         if shift > 63:  # an 11th byte: fastavro would read on; not canonical anyway
             bad[more] = True
             break
-        byte = cur.buffer[pos[more] + size[more]]
+        byte = buffer[pos[more] + size[more]]
         part = (byte & 0x7F).astype(np.uint64)
         if shift == 63:
             bad[more[part > 1]] = True  # more than 64 bits
@@ -169,14 +185,20 @@ def _varint(cur: _Cursor, rows: Int64s | None = None) -> Int64s:
         more = more[(byte & 0x80) != 0]
         shift += 7
     value = (raw >> np.uint64(1)).astype(np.int64) ^ -((raw & np.uint64(1)).astype(np.int64))
-    if rows is None:
-        cur.pos += size
-        cur.ok &= ~bad
-    else:
-        cur.pos[rows] += size
-        cur.ok[rows[bad]] = False
-    cur.bound()
-    return value
+    return value, size, bad
+
+
+def _short_varints_at(buffer: Bytes, pos: Int64s) -> tuple[Int64s, Int64s, Bools] | None:
+    """`_varints_at` when every varint has one or two bytes (codec ids, sizes, small ints:
+    nearly all of them), without per-byte index lists; None when one is longer."""
+    first = buffer[pos].astype(np.int64)
+    second = buffer[pos + 1].astype(np.int64)  # inside the buffer: PADDING follows the data
+    two = first >> 7
+    if np.any(two & (second >> 7)):
+        return None
+    raw = (first & 0x7F) | ((second & 0x7F) << 7) * two
+    bad = (two == 1) & (second == 0)  # a trailing zero group: an over-long encoding
+    return (raw >> 1) ^ -(raw & 1), 1 + two, bad
 
 
 def _read_field(cur: _Cursor, field: FieldPlan) -> Column:
@@ -269,18 +291,38 @@ def _read_array(cur: _Cursor, field: FieldPlan) -> Column:
     fits = (counts >= 0) & (counts <= room)  # every item is at least one byte
     cur.ok &= fits
     counts = np.where(fits, counts, 0)
-    width = int(counts.max()) if len(counts) else 0
-    matrix = np.zeros((len(counts), width), dtype=np.int64)
-    for index in range(width):
-        rows = np.flatnonzero(counts > index)
-        matrix[rows, index] = _varint(cur, rows)
-    items = matrix[np.arange(width) < counts[:, None]]
+    items = _read_items(cur, counts)
     if field.item == "int":
-        good = (matrix >= _INT32[0]) & (matrix <= _INT32[1])
-        cur.ok &= good.all(axis=1)
+        owners = np.repeat(np.arange(len(counts)), counts)
+        cur.ok[owners[(items < _INT32[0]) | (items > _INT32[1])]] = False
     with_items = np.flatnonzero(counts > 0)
     cur.ok[with_items[_varint(cur, with_items) != 0]] = False  # a second block: not ours
     return Column(counts, items=items)
+
+
+def _read_items(cur: _Cursor, counts: Int64s) -> Int64s:
+    """`counts[i]` varints at row i's cursor, for every row, flat in row order. The k-th items
+    of all rows that have one are read at once; rows sorted by count, longest first, make
+    those rows a prefix, and the cursors and values live in that order until the end."""
+    order = np.argsort(-counts, kind="stable")
+    ranked = counts[order]
+    pos, ends = cur.pos[order], cur.ends[order]
+    bad = np.zeros(len(order), dtype=bool)
+    width = int(ranked[0]) if len(ranked) else 0
+    # how many rows have more than k items, for k = 0 .. width-1
+    having = np.searchsorted(-ranked, -np.arange(width), side="left")
+    values = np.zeros((width, len(order)), dtype=np.int64)
+    for index, rows in enumerate(having.tolist()):
+        value, size, wrong = _varints_at(cur.buffer, pos[:rows])
+        values[index, :rows] = value
+        pos[:rows] += size
+        bad[:rows] |= wrong | (pos[:rows] > ends[:rows])
+        np.minimum(pos[:rows], ends[:rows], out=pos[:rows])  # stay inside the row's bytes
+    cur.pos[order] = pos
+    cur.ok[order[bad]] = False
+    matrix = np.empty((len(order), width), dtype=np.int64)
+    matrix[order] = values.T
+    return matrix[np.arange(width) < counts[:, None]]
 
 
 def _read_empty_array(cur: _Cursor) -> None:
@@ -301,7 +343,7 @@ class _Target:
 
 
 @functools.cache
-def _targets() -> dict[bytes, _Target]:
+def targets() -> dict[bytes, _Target]:
     targets = {}
     for version in wire.registry().latest.values():
         plan = plan_of(version.parsed)
@@ -330,8 +372,8 @@ def decode_spans(
     """Decode the values data[starts[i]:ends[i]] (None where not `present`). `buffer` is
     `padded(data)`. Equal to `wire.decode` of each value, errors included."""
     results: list[Any] = [None] * len(starts)
-    for fingerprint, rows in _by_target(buffer, starts, ends, present).items():
-        target = _targets()[fingerprint]
+    for fingerprint, rows in by_target(buffer, starts, ends, present).items():
+        target = targets()[fingerprint]
         ok = np.ones(len(rows), dtype=bool)
         walked = walk(target.plan, buffer, starts[rows] + wire.HEADER_BYTES, ends[rows], ok)
         for row, result in zip(rows.tolist(), _records(target, walked, buffer, data), strict=True):
@@ -348,7 +390,7 @@ def _decode_one(value: bytes | None) -> Outcome:
         return exc
 
 
-def _by_target(buffer: Bytes, starts: Int64s, ends: Int64s, present: Bools) -> dict[bytes, Int64s]:
+def by_target(buffer: Bytes, starts: Int64s, ends: Int64s, present: Bools) -> dict[bytes, Int64s]:
     """Rows framed as SOE with the fingerprint of a walkable latest schema, by fingerprint."""
     framed = present & (ends - starts > wire.HEADER_BYTES)
     framed &= (buffer[starts] == wire.MARKER[0]) & (buffer[starts + 1] == wire.MARKER[1])
@@ -356,7 +398,7 @@ def _by_target(buffer: Bytes, starts: Int64s, ends: Int64s, present: Bools) -> d
     words = buffer[starts[rows, None] + np.arange(2, wire.HEADER_BYTES)]
     keys = np.ascontiguousarray(words).view(np.uint64).ravel()
     groups = {}
-    for fingerprint in _targets():
+    for fingerprint in targets():
         selected = rows[keys == np.frombuffer(fingerprint, dtype=np.uint64)[0]]
         if len(selected):
             groups[fingerprint] = selected
@@ -371,11 +413,11 @@ def _texts(column: Column, buffer: Bytes, data: bytes, ok: Bools) -> list[Any]:
     """A string column as str (None where null). A row that is not valid UTF-8 is marked not
     ok: `wire.decode` then reports it. Equal strings are one object (request ids repeat
     every chunk): decoded once, and their hash is computed once for the fold's lookups."""
-    rows, inverse = _distinct(column, buffer)
-    distinct = blobs(take(column, rows), data)
+    rows, inverse = distinct(column, buffer)
+    values = blobs(take(column, rows), data)
     texts: list[Any] = []
     bad = []
-    for index, blob in enumerate(distinct):
+    for index, blob in enumerate(values):
         try:
             texts.append(None if blob is None else blob.decode())
         except UnicodeDecodeError:
@@ -389,7 +431,7 @@ def _texts(column: Column, buffer: Bytes, data: bytes, ok: Bools) -> list[Any]:
 _DISTINCT_WIDTH = 32  # longer strings are compared by the bytes objects themselves
 
 
-def _distinct(column: Column, buffer: Bytes) -> tuple[Int64s, Int64s]:
+def distinct(column: Column, buffer: Bytes) -> tuple[Int64s, Int64s]:
     """(a row of each distinct value, each row's index into those rows) of a string column."""
     assert column.lengths is not None
     count = len(column.values)
