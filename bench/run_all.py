@@ -33,7 +33,7 @@ QUICK_ARGS = {
     "bench_publisher.py": ["--records", "2000", "--rate", "100", "--paced-seconds", "2"],
     "bench_flow.py": ["--configs", "tiny", "--batches", "1,4"],
     "bench_consumer.py": ["--streams", "4", "--seconds", "5"],
-    "bench_transaction.py": ["--steps", "50"],
+    "bench_transaction.py": ["--steps", "50", "--warm-s", "2"],
 }
 
 

@@ -4,9 +4,11 @@ Without a vocoder, what `AudioPipeline.step` does with a record is: wire-decode 
 or a record that is not an event is an `undecodable_record` dead letter), check its key against
 the request id (`key_mismatch`), fold it into its partition's state (one state for every
 partition under strict) and add the outcomes to the report; each reject is a dead letter. The
-decode windows only count, the vocoder rounds do nothing. This module does exactly that, with
-the values decoded in bulk (`schemas.columnar`), so `replay.runner.replay` gives the same report
-and dead-letter reasons either way (tests/replay/test_replay_fast.py runs both).
+decode windows only count, the vocoder rounds do nothing. This module does exactly that: under
+the tolerant policy the plain requests are reported straight from the columns (`replay.lanes`)
+and only the other records are decoded in bulk (`schemas.columnar`) and folded; under strict
+every record is. `replay.runner.replay` gives the same report and dead-letter reasons either way
+(tests/replay/test_replay_fast.py and test_replay_lanes.py run both).
 """
 
 from __future__ import annotations
