@@ -35,6 +35,8 @@ class VocoderMetrics:
     end_to_end_seconds: Any
     transactions: Any
     recoveries: Any
+    pauses: Any
+    paused_partitions: Any
 
     @classmethod
     def create(cls, port: int | None) -> VocoderMetrics:
@@ -88,6 +90,16 @@ class VocoderMetrics:
             recoveries=prom.Counter(
                 "codeclog_vocoder_recovered_streams",
                 "Open streams rebuilt from the log after an assignment",
+                registry=registry,
+            ),
+            pauses=prom.Counter(
+                "codeclog_vocoder_pauses",
+                "Decode steps that outlasted pause_after_s (the assignment was paused)",
+                registry=registry,
+            ),
+            paused_partitions=prom.Gauge(
+                "codeclog_vocoder_paused_partitions",
+                "Partitions paused now because the decoder is saturated",
                 registry=registry,
             ),
         )

@@ -86,6 +86,10 @@ class VocodeConfig:
     max_open_streams: int = 1024  # cap; the least recently opened stream is evicted beyond it
     transaction_timeout_ms: int = 60_000
     max_poll_interval_ms: int = 300_000
+    # A decode step still running after this long means the decoder is saturated: the
+    # assignment is paused (nothing more is fetched) and the loop keeps polling, which serves
+    # rebalances and keeps the member within max.poll.interval.ms while the device works.
+    pause_after_s: float = 0.5
     exit_when_idle_s: float | None = None  # tests and the demo: stop after this long idle
     rebuild_batch: int = 256
 
@@ -120,7 +124,11 @@ class VocoderService:
         self._producer: Producer | None = None
         self._committing: threading.Thread | None = None  # the previous step's commit
         self._commit_error: KafkaException | None = None
-        self.stats: dict[str, int] = {"records": 0, "windows": 0, "dead_letters": 0, "steps": 0}
+        self._decoding: threading.Thread | None = None  # this step's decode, while it runs
+        self._void_step = False  # the assignment changed during this step's decode
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("records", "windows", "dead_letters", "steps", "pauses", "void_steps"), 0
+        )
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -301,7 +309,12 @@ class VocoderService:
         assert self._producer is not None and self._consumer is not None
         started = time.perf_counter()
         positions = self._positions()  # what this step consumed; taken before the next poll
-        out = self.pipeline.step(records)  # decodes while the previous commit is in flight
+        out = self._decode(records)  # decodes while the previous commit is in flight
+        if out is None:  # a rebalance happened meanwhile: the step is void, start over
+            self.stats["void_steps"] += 1
+            self._settle()
+            self._rewind()
+            return StepOutput()
         self.pipeline.evict_oldest(out, self.config.max_open_streams)
         self._await_commit()  # raises if it failed: this step's results are then discarded
         self._note_epoch_starts(out)
@@ -322,6 +335,59 @@ class VocoderService:
         )
         self._committing.start()
         return out
+
+    def _decode(self, records: Sequence[InputRecord]) -> StepOutput | None:
+        """`pipeline.step(records)` on a worker thread. If it outlasts pause_after_s the
+        decoder is saturated: the assignment is paused and this thread keeps polling until the
+        step ends (`_wait_paused`). None when the assignment changed meanwhile."""
+        outcome: list[StepOutput | BaseException] = []
+        worker = threading.Thread(
+            target=self._run_step, args=(records, outcome), name="codeclog-decode", daemon=True
+        )
+        self._void_step = False
+        self._decoding = worker
+        try:
+            worker.start()
+            worker.join(self.config.pause_after_s)
+            if worker.is_alive():
+                self._wait_paused(worker)
+            worker.join()
+        finally:
+            self._decoding = None
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        return None if self._void_step else result
+
+    def _run_step(
+        self, records: Sequence[InputRecord], outcome: list[StepOutput | BaseException]
+    ) -> None:
+        try:
+            outcome.append(self.pipeline.step(records))
+        except BaseException as exc:  # handed to the main thread, raised there
+            outcome.append(exc)
+
+    def _wait_paused(self, worker: threading.Thread) -> None:
+        """Pause the assignment and poll until `worker` ends, then resume what is still ours.
+        Rebalance callbacks run inside poll: they wait for the decode and void the step. A
+        record returned meanwhile (from a partition assigned during the pause) voids it too:
+        the rewind re-reads it from the committed offsets."""
+        assert self._consumer is not None
+        consumer = self._consumer
+        paused = consumer.assignment()
+        consumer.pause(paused)
+        self.stats["pauses"] += 1
+        self.metrics.pauses.inc()
+        self.metrics.paused_partitions.set(len(paused))
+        try:
+            while worker.is_alive():
+                message = consumer.poll(self.config.poll_timeout_s)
+                if message is not None and self._record(message) is not None:
+                    self._void_step = True
+        finally:
+            ours = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+            consumer.resume([tp for tp in paused if (tp.topic, tp.partition) in ours])
+            self.metrics.paused_partitions.set(0)
 
     def _commit(self, out: StepOutput, started: float) -> None:
         """The commit thread: commit the open transaction, then account for the step."""
@@ -481,14 +547,23 @@ class VocoderService:
     # -- rebalance and recovery -----------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._join_decode()
         self._join_commit()
         for tp in self._committed(partitions):
             self._recover(tp)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._join_decode()
         self._join_commit()  # hand over committed work only
         for tp in partitions:
             self.pipeline.drop_partition(tp.partition)
+
+    def _join_decode(self) -> None:
+        """Inside a rebalance callback during a paused step (`_wait_paused`): let the decode
+        finish before the pipeline changes, and void the step (the loop then rewinds)."""
+        if self._decoding is not None:
+            self._decoding.join()
+            self._void_step = True
 
     def _join_commit(self) -> None:
         """Inside a rebalance callback: wait for the commit in flight without raising; a failure
