@@ -14,6 +14,7 @@ pytest.importorskip("torch")
 
 import torch
 
+from tests.vocoder.flow_helpers import PROMPT_TOKENS, prompt
 from vocoder.flow import (
     FlowConfig,
     FlowInputError,
@@ -26,19 +27,10 @@ from vocoder.flow.stable import StableConv1d, stable_linear
 
 pytestmark = pytest.mark.vocoder
 
-PROMPT_TOKENS = 12
-
 
 @pytest.fixture(scope="module")
 def flow() -> Token2WavFlow:
     return Token2WavFlow(dataclasses.replace(FlowConfig.tiny(), n_timesteps=4))
-
-
-def prompt(flow: Token2WavFlow, seed: int, tokens: int = PROMPT_TOKENS) -> FlowState:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, flow.config.vocab_size, (tokens,), generator=g)
-    mel = torch.randn(2 * tokens, flow.config.mel_dim, generator=g)
-    return flow.prepare_prompt(ids, mel, torch.randn(flow.config.spk_embed_dim, generator=g))
 
 
 def stream(seed: int, length: int) -> list[int]:

@@ -18,6 +18,7 @@ pytest.importorskip("torch")
 
 import torch
 
+from tests.vocoder.flow_helpers import prompt
 from vocoder.flow import (
     FlowConfig,
     FlowState,
@@ -34,13 +35,6 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def flow() -> Token2WavFlow:
     return Token2WavFlow(dataclasses.replace(FlowConfig.tiny(), n_timesteps=4))
-
-
-def prompt(flow: Token2WavFlow, seed: int, tokens: int = 12) -> FlowState:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, flow.config.vocab_size, (tokens,), generator=g)
-    mel = torch.randn(2 * tokens, flow.config.mel_dim, generator=g)
-    return flow.prepare_prompt(ids, mel, torch.randn(flow.config.spk_embed_dim, generator=g))
 
 
 def windows(seed: int) -> list[tuple[tuple[int, ...], bool]]:
