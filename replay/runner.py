@@ -9,7 +9,6 @@ sorted keys. Same input, same codeclog version: byte-identical report and audio.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
@@ -21,6 +20,7 @@ from replay.columns import CaptureTable
 from replay.errors import ReplayError
 from replay.fast import replay_table
 from replay.inputs import InputKind, ReplayInput
+from replay.jsontext import dumps_sorted_indent1
 
 STEP_RECORDS = 256  # records per pipeline step; fixed so batches are the same in every run
 VOCODER_NONE = "none"
@@ -49,8 +49,9 @@ class StepProgress(Protocol):
 
 
 def report_json(report: dict[str, Any]) -> str:
-    """The --json form: sorted keys, so equal reports are equal bytes."""
-    return json.dumps(report, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+    """The --json form: sorted keys, so equal reports are equal bytes. Exactly
+    `json.dumps(report, sort_keys=True, indent=1, ensure_ascii=False)`, written faster."""
+    return dumps_sorted_indent1(report) + "\n"
 
 
 def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
