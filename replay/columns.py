@@ -216,36 +216,44 @@ def _candidates(blocks: _Blocks) -> Int64s | None:
     length = data[0] >> 1  # zigzag, one byte: topics up to 63 bytes (else: no table)
     if data[0] & 0x81 or len(data) < 1 + length:
         return None
-    prefix = data[: 1 + length]
-    positions = []
-    at = data.find(prefix)
-    while at >= 0:
-        positions.append(at)
-        at = data.find(prefix, at + 1)
-    merged = np.union1d(np.array(positions, dtype=np.int64), blocks.starts[:-1])
+    prefix = np.frombuffer(data[: 1 + length], dtype=np.uint8)
+    haystack = np.frombuffer(data, dtype=np.uint8)
+    positions = np.flatnonzero(haystack[: len(data) - length] == prefix[0])
+    for offset in range(1, 1 + length):  # narrowed byte by byte: few survive the first ones
+        positions = positions[haystack[positions + offset] == prefix[offset]]
+    merged = np.union1d(positions.astype(np.int64), blocks.starts[:-1])
     return merged.astype(np.int64)
 
 
 def _chain(blocks: _Blocks, candidates: Int64s, walked: Walk) -> Int64s | None:
-    """Indexes (into candidates) of the records, block by block; None if a chain breaks."""
-    index_of = {
-        start: index
-        for index, (start, good) in enumerate(
-            zip(candidates.tolist(), walked.ok.tolist(), strict=True)
-        )
-        if good
-    }
-    ends = walked.ends.tolist()
+    """Indexes (into candidates) of the records, block by block; None if a chain breaks.
+
+    From each block's start, the record that starts where the previous one ended, `count`
+    times; the last must end at the block's end. Only candidates the walk proved count."""
+    count = len(candidates)
+    if count == 0:
+        return None if any(blocks.counts) else np.zeros(0, dtype=np.int64)
+    slot = np.minimum(np.searchsorted(candidates, walked.ends), count - 1)
+    follows = np.where((candidates[slot] == walked.ends) & walked.ok[slot], slot, -1).tolist()
+    firsts = np.minimum(np.searchsorted(candidates, blocks.starts[:-1]), count - 1).tolist()
+    starts, ok, ends = candidates.tolist(), walked.ok.tolist(), walked.ends.tolist()
     chain: list[int] = []
-    for block, count in enumerate(blocks.counts):
-        at, end = blocks.starts[block], blocks.starts[block + 1]
-        for _ in range(count):
-            index = index_of.get(at)
-            if index is None:
+    for block, records in enumerate(blocks.counts):
+        begin, end = blocks.starts[block], blocks.starts[block + 1]
+        if records == 0:
+            if begin != end:
+                return None
+            continue
+        index = firsts[block]
+        if starts[index] != begin or not ok[index]:
+            return None
+        chain.append(index)
+        for _ in range(records - 1):
+            index = follows[index]
+            if index < 0:
                 return None
             chain.append(index)
-            at = ends[index]
-        if at != end:
+        if ends[index] != end:
             return None
     return np.array(chain, dtype=np.int64)
 

@@ -137,6 +137,23 @@ def test_a_torn_capture_keeps_its_whole_blocks(tmp_path: Path) -> None:
         assert_same_replay(torn)
 
 
+def test_a_record_of_another_topic_is_read_record_by_record(tmp_path: Path) -> None:
+    """The column reader follows records by their topic field: another topic breaks the chain,
+    and the capture is read (and replayed) the old way, with the same result."""
+    records = records_from_events(realistic_events(random.Random(3), sessions=3, turns=1), 2)
+    records[4] = dataclasses.replace(records[4], topic="codec.chunks.other")
+    path = _write(tmp_path, records, 2, "topics.ocf")
+    assert read_table(path) is None
+    assert_same_replay(path, columnar=False)
+
+
+def test_an_empty_capture_is_a_table(tmp_path: Path) -> None:
+    path = _write(tmp_path, [], 2, "empty.ocf")
+    table = read_table(path)
+    assert table is not None and len(table) == 0
+    assert_same_replay(path)
+
+
 def test_equal_positions_keep_their_file_order(tmp_path: Path) -> None:
     records = records_from_events(realistic_events(random.Random(6), sessions=3, turns=1), 1)
     doubled = [records[0], *records]  # a record captured twice: the same (partition, offset)
