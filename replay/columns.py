@@ -36,7 +36,19 @@ from replay.capture_format import (
     TimestampType,
 )
 from replay.errors import CaptureFormatError
-from schemas.columnar import Bools, Bytes, Column, Int64s, Walk, blobs, padded, plan_of, take, walk
+from schemas.columnar import (
+    Bools,
+    Bytes,
+    Column,
+    Int64s,
+    Walk,
+    blobs,
+    padded,
+    plan_of,
+    take,
+    walk,
+    with_nulls,
+)
 
 _PLAN = plan_of(CAPTURE_SCHEMA)
 _TIMESTAMP_TYPES = tuple(
@@ -141,11 +153,7 @@ class CaptureTable(Sequence[CapturedRecord]):
         column = self._columns[name]
         if column.lengths is not None:
             return blobs(column, self.data)
-        values: list[Any] = column.values.tolist()
-        if column.present is not None:
-            for row in np.flatnonzero(~column.present).tolist():
-                values[row] = None
-        return values
+        return with_nulls(column, column.values.tolist())
 
 
 def read_table(path: str | Path) -> CaptureTable | None:

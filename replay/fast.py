@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from codeclog.cores import one_per_core
 from consumers.fold.machine import FoldConfig, FoldState, Policy, fold, new_state
 from consumers.fold.outcomes import Reject, RejectReason
 from consumers.fold.report import ReportBuilder
@@ -42,7 +43,7 @@ Part = tuple[dict[str, Any], Counter[str]]  # a report and its dead-letter reaso
 
 
 def default_workers() -> int:
-    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+    return one_per_core(MAX_WORKERS)
 
 
 def replay_table(

@@ -468,14 +468,15 @@ def blobs(column: Column, data: bytes) -> list[Any]:
     starts = column.values[rows]
     bounds = zip(starts.tolist(), (starts + column.lengths[rows]).tolist(), strict=True)
     if len(rows) == len(column.values):
-        return _nulls(column, [data[a:b] for a, b in bounds])
+        return with_nulls(column, [data[a:b] for a, b in bounds])
     values: list[Any] = [b""] * len(column.values)
     for row, (a, b) in zip(rows.tolist(), bounds, strict=True):
         values[row] = data[a:b]
-    return _nulls(column, values)
+    return with_nulls(column, values)
 
 
-def _nulls(column: Column, values: list[Any]) -> list[Any]:
+def with_nulls(column: Column, values: list[Any]) -> list[Any]:
+    """`values` (one per row) with None where the nullable column is null."""
     if column.present is not None:
         for row in np.flatnonzero(~column.present).tolist():
             values[row] = None
@@ -492,7 +493,7 @@ def _arrays(column: Column) -> list[tuple[int, ...]]:
 def _symbols(column: Column, symbols: tuple[str, ...]) -> list[Any]:
     # rows with an index out of range are not ok already; any symbol will do for them
     indexes = np.clip(column.values, 0, len(symbols) - 1).tolist()
-    return _nulls(column, [symbols[index] for index in indexes])
+    return with_nulls(column, [symbols[index] for index in indexes])
 
 
 def _values(
@@ -504,14 +505,14 @@ def _values(
     if field.kind in ("bytes", "fixed"):
         return blobs(column, data)
     if field.kind == "boolean":
-        return _nulls(column, column.values.astype(bool).tolist())
+        return with_nulls(column, column.values.astype(bool).tolist())
     if field.kind == "array":
         return _arrays(column)
     if field.kind == "enum":
         return _symbols(column, target.symbols[field.name])
     if field.kind == "empty_array":
         return [[] for _ in range(len(column.values))]
-    return _nulls(column, column.values.tolist())
+    return with_nulls(column, column.values.tolist())
 
 
 def _records(target: _Target, walked: Walk, buffer: Bytes, data: bytes) -> list[Outcome | None]:

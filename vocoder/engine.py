@@ -55,7 +55,6 @@ import dataclasses
 import enum
 import itertools
 import json
-import os
 import struct
 from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +64,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from codeclog.cores import one_per_core
 from vocoder.checkpoint import inspect_checkpoint, load_checkpoint, load_fixture
 from vocoder.determinism import (
     DeterminismSettings,
@@ -530,7 +530,7 @@ def default_workers(device: torch.device) -> int:
     intra-op thread count, 1 by default); on an accelerator 1 (the device batches)."""
     if device.type != "cpu":
         return 1
-    return max(1, min(MAX_CPU_WORKERS, os.cpu_count() or 1))
+    return one_per_core(MAX_CPU_WORKERS)
 
 
 def _split(items: Sequence[_Window], parts: int) -> list[Sequence[_Window]]:
