@@ -94,7 +94,7 @@ class VocoderMetrics:
             ),
             pauses=prom.Counter(
                 "codeclog_vocoder_pauses",
-                "Decode steps that outlasted pause_after_s (the assignment was paused)",
+                "Decode steps during which a whole next batch waited (the assignment was paused)",
                 registry=registry,
             ),
             paused_partitions=prom.Gauge(

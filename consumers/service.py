@@ -37,6 +37,7 @@ from types import FrameType
 from typing import Any
 
 from confluent_kafka import (
+    OFFSET_BEGINNING,
     OFFSET_INVALID,
     Consumer,
     KafkaError,
@@ -86,10 +87,6 @@ class VocodeConfig:
     max_open_streams: int = 1024  # cap; the least recently opened stream is evicted beyond it
     transaction_timeout_ms: int = 60_000
     max_poll_interval_ms: int = 300_000
-    # A decode step still running after this long means the decoder is saturated: the
-    # assignment is paused (nothing more is fetched) and the loop keeps polling, which serves
-    # rebalances and keeps the member within max.poll.interval.ms while the device works.
-    pause_after_s: float = 0.5
     exit_when_idle_s: float | None = None  # tests and the demo: stop after this long idle
     rebuild_batch: int = 256
 
@@ -126,6 +123,7 @@ class VocoderService:
         self._commit_error: KafkaException | None = None
         self._decoding: threading.Thread | None = None  # this step's decode, while it runs
         self._void_step = False  # the assignment changed during this step's decode
+        self._pending: list[InputRecord] = []  # polled while a step decoded: the next batch
         self.stats: dict[str, int] = dict.fromkeys(
             ("records", "windows", "dead_letters", "steps", "pauses", "void_steps"), 0
         )
@@ -256,11 +254,17 @@ class VocoderService:
         return True
 
     def _poll(self) -> list[InputRecord]:
+        if self._pending:  # polled while the previous step decoded
+            records, self._pending = self._pending, []
+            return records
         assert self._consumer is not None
         try:
             messages = self._fetched(self._consumer)
         except KafkaException as exc:
             raise InfrastructureError(f"consume failed: {exc}") from exc
+        return self._records(messages)
+
+    def _records(self, messages: list[Message]) -> list[InputRecord]:
         return [record for m in messages if (record := self._record(m)) is not None]
 
     def _fetched(self, consumer: Consumer) -> list[Message]:
@@ -337,9 +341,8 @@ class VocoderService:
         return out
 
     def _decode(self, records: Sequence[InputRecord]) -> StepOutput | None:
-        """`pipeline.step(records)` on a worker thread. If it outlasts pause_after_s the
-        decoder is saturated: the assignment is paused and this thread keeps polling until the
-        step ends (`_wait_paused`). None when the assignment changed meanwhile."""
+        """`pipeline.step(records)` on a worker thread while this thread keeps polling
+        (`_poll_while_decoding`). None when the assignment changed meanwhile."""
         outcome: list[StepOutput | BaseException] = []
         worker = threading.Thread(
             target=self._run_step, args=(records, outcome), name="codeclog-decode", daemon=True
@@ -348,9 +351,7 @@ class VocoderService:
         self._decoding = worker
         try:
             worker.start()
-            worker.join(self.config.pause_after_s)
-            if worker.is_alive():
-                self._wait_paused(worker)
+            self._poll_while_decoding(worker)
             worker.join()
         finally:
             self._decoding = None
@@ -367,27 +368,41 @@ class VocoderService:
         except BaseException as exc:  # handed to the main thread, raised there
             outcome.append(exc)
 
-    def _wait_paused(self, worker: threading.Thread) -> None:
-        """Pause the assignment and poll until `worker` ends, then resume what is still ours.
-        Rebalance callbacks run inside poll: they wait for the decode and void the step. A
-        record returned meanwhile (from a partition assigned during the pause) voids it too:
-        the rewind re-reads it from the committed offsets."""
+    def _poll_while_decoding(self, worker: threading.Thread) -> None:
+        """Until `worker` ends, poll: new records become the next step's batch, rebalance
+        callbacks run (they wait for the decode and void the step), and the member stays well
+        within max.poll.interval.ms however long the device works. Once a whole batch is
+        waiting the decoder is saturated: the assignment is paused (nothing more is fetched or
+        buffered) until the step ends, then what is still ours resumes."""
         assert self._consumer is not None
         consumer = self._consumer
-        paused = consumer.assignment()
-        consumer.pause(paused)
-        self.stats["pauses"] += 1
-        self.metrics.pauses.inc()
-        self.metrics.paused_partitions.set(len(paused))
+        paused: list[TopicPartition] = []
         try:
-            while worker.is_alive():
-                message = consumer.poll(self.config.poll_timeout_s)
-                if message is not None and self._record(message) is not None:
-                    self._void_step = True
+            # wait on the decode, never in librdkafka: a fast decode must not wait for a poll
+            while True:
+                worker.join(self.config.poll_timeout_s)
+                if not worker.is_alive():
+                    break
+                room = self.config.max_records - len(self._pending)
+                if room <= 0 and not paused:
+                    paused = consumer.assignment()
+                    consumer.pause(paused)
+                    self.stats["pauses"] += 1
+                    self.metrics.pauses.inc()
+                    self.metrics.paused_partitions.set(len(paused))
+                if room <= 0:
+                    message = consumer.poll(0)  # callbacks; a record of a partition
+                    messages = [] if message is None else [message]  # assigned meanwhile
+                else:
+                    messages = consumer.consume(room, 0)
+                self._pending += self._records(messages)
+        except KafkaException as exc:
+            raise InfrastructureError(f"consume failed: {exc}") from exc
         finally:
-            ours = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-            consumer.resume([tp for tp in paused if (tp.topic, tp.partition) in ours])
-            self.metrics.paused_partitions.set(0)
+            if paused:
+                ours = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+                consumer.resume([tp for tp in paused if (tp.topic, tp.partition) in ours])
+                self.metrics.paused_partitions.set(0)
 
     def _commit(self, out: StepOutput, started: float) -> None:
         """The commit thread: commit the open transaction, then account for the step."""
@@ -525,11 +540,13 @@ class VocoderService:
         assignment = self._consumer.assignment()
         self.pipeline = self._new_pipeline()
         self._epoch_start.clear()
+        self._pending.clear()  # read again from the committed offsets
         committed = self._committed(assignment)
         for tp in committed:
             self._recover(tp)
-            if tp.offset >= 0:
-                self._consumer.seek(tp)
+            # nothing committed yet: from the start, as auto.offset.reset says
+            start = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, start))
 
     def _strict_fatal(self, out: StepOutput) -> int:
         assert out.fatal is not None
@@ -559,8 +576,8 @@ class VocoderService:
             self.pipeline.drop_partition(tp.partition)
 
     def _join_decode(self) -> None:
-        """Inside a rebalance callback during a paused step (`_wait_paused`): let the decode
-        finish before the pipeline changes, and void the step (the loop then rewinds)."""
+        """Inside a rebalance callback while a step decodes (`_poll_while_decoding`): let the
+        decode finish before the pipeline changes, and void the step (the loop then rewinds)."""
         if self._decoding is not None:
             self._decoding.join()
             self._void_step = True

@@ -65,13 +65,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--max-records", type=int, default=64, help="records per step")
     parser.add_argument("--max-open-streams", type=int, default=1024, help="open-stream cap")
-    parser.add_argument(
-        "--pause-after-s",
-        type=float,
-        default=0.5,
-        help="a decode step running longer than this pauses the assignment (the decoder is "
-        "saturated) and keeps polling, so the group still sees a live member (default 0.5)",
-    )
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus port")
     parser.add_argument(
         "--exit-when-idle",
@@ -126,7 +119,6 @@ def run(args: argparse.Namespace) -> int:
         max_records=args.max_records,
         max_batch=args.max_records,
         max_open_streams=args.max_open_streams,
-        pause_after_s=args.pause_after_s,
         exit_when_idle_s=args.exit_when_idle,
     )
     service = VocoderService(

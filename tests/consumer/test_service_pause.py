@@ -1,11 +1,10 @@
-"""A saturated decoder pauses the assignment and the loop keeps polling until the step ends.
+"""While a step decodes, the member keeps polling; a whole waiting batch pauses the assignment.
 
-The decode of a step runs on a worker thread; a step still running after pause_after_s pauses
-every assigned partition, polls (so rebalance callbacks run and max.poll.interval.ms is kept)
-and resumes what is still assigned. A rebalance during the step waits for the decode and voids
-the step. These tests pin that call pattern with a recording stand-in for the consumer; the
-real broker runs it in the end-to-end tests (test_vocode_kafka.py), whose tiny-model steps
-outlast the threshold there.
+The decode of a step runs on a worker thread and the main thread polls meanwhile: records become
+the next step's batch; once max_records of them wait, every assigned partition is paused until
+the step ends, then what is still assigned resumes. A rebalance during the step waits for the
+decode and voids the step. These tests pin that call pattern with a recording stand-in for the
+consumer; the real broker runs it in the end-to-end tests (test_vocode_kafka.py).
 """
 
 from __future__ import annotations
@@ -22,11 +21,40 @@ from consumers.pipeline import StepOutput
 from consumers.service import VocodeConfig, VocoderService
 
 
+class FakeMessage:
+    def __init__(self, partition: int, offset: int) -> None:
+        self._partition, self._offset = partition, offset
+
+    def error(self) -> None:
+        return None
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1000)
+
+    def topic(self) -> str:
+        return "chunks"
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes:
+        return b"r"
+
+    def value(self) -> bytes:
+        return b"v"
+
+
 class FakeConsumer:
-    def __init__(self, partitions: list[int]) -> None:
+    """Hands out `arriving` messages one per call; records every call."""
+
+    def __init__(self, partitions: list[int], arriving: int = 0) -> None:
         self.owned = [TopicPartition("chunks", p) for p in partitions]
+        self.arriving = [FakeMessage(partitions[0], offset) for offset in range(arriving)]
         self.calls: list[tuple[str, Any]] = []
-        self.on_poll: Any = None  # called from inside poll, as librdkafka calls callbacks
+        self.on_poll: Any = None  # called from inside poll/consume, as librdkafka calls callbacks
 
     def assignment(self) -> list[TopicPartition]:
         return list(self.owned)
@@ -37,12 +65,22 @@ class FakeConsumer:
     def resume(self, partitions: list[TopicPartition]) -> None:
         self.calls.append(("resume", sorted(tp.partition for tp in partitions)))
 
-    def poll(self, timeout: float) -> None:
-        self.calls.append(("poll", timeout))
+    def _callbacks(self) -> None:
         if self.on_poll is not None:
             callback, self.on_poll = self.on_poll, None
             callback()
+
+    def poll(self, timeout: float) -> None:
+        self.calls.append(("poll", timeout))
+        self._callbacks()
         time.sleep(timeout)
+
+    def consume(self, num_messages: int, timeout: float) -> list[FakeMessage]:
+        self.calls.append(("consume", num_messages))
+        self._callbacks()
+        time.sleep(timeout)
+        taken, self.arriving = self.arriving[:1], self.arriving[1:]
+        return taken
 
 
 class SlowPipeline:
@@ -52,10 +90,8 @@ class SlowPipeline:
         self.seconds = seconds
         self.error = error
         self.events: list[str] = []
-        self.decoding = threading.Event()
 
     def step(self, records: Any) -> StepOutput:
-        self.decoding.set()
         time.sleep(self.seconds)
         self.events.append("step done")
         if self.error is not None:
@@ -66,30 +102,36 @@ class SlowPipeline:
         self.events.append(f"drop {partition}")
 
 
-def _service(pipeline: SlowPipeline, consumer: FakeConsumer) -> VocoderService:
-    config = VocodeConfig(pause_after_s=0.05, poll_timeout_s=0.01)
+def _service(pipeline: SlowPipeline, consumer: FakeConsumer, max_records: int = 3) -> Any:
+    config = VocodeConfig(poll_timeout_s=0.01, max_records=max_records)
     service = VocoderService({}, TopicsConfig(), config, engine=None)  # type: ignore[arg-type]
     service.pipeline = pipeline  # type: ignore[assignment]
     service._consumer = consumer  # type: ignore[assignment]
     return service
 
 
-def test_a_fast_step_neither_pauses_nor_polls() -> None:
-    consumer = FakeConsumer([0, 1])
-    out = _service(SlowPipeline(0.0), consumer)._decode(["r"])  # type: ignore[list-item]
+def test_records_polled_during_a_step_are_the_next_batch() -> None:
+    consumer = FakeConsumer([0, 1], arriving=2)
+    service = _service(SlowPipeline(0.2), consumer)
+    out = service._decode(["a"])
     assert out is not None and out.records == 1
-    assert consumer.calls == []
+    assert [r.position.offset for r in service._pending] == [0, 1]
+    assert ("pause", [0, 1]) not in consumer.calls  # two waiting: room for one more
+    assert [r.position.offset for r in service._poll()] == [0, 1]  # no consume needed
+    assert service._pending == []
 
 
-def test_a_slow_step_pauses_the_assignment_polls_and_resumes() -> None:
-    consumer = FakeConsumer([0, 1, 2])
-    service = _service(SlowPipeline(0.3), consumer)
-    out = service._decode(["a", "b"])  # type: ignore[list-item]
-    assert out is not None and out.records == 2
+def test_a_whole_waiting_batch_pauses_the_assignment_until_the_step_ends() -> None:
+    consumer = FakeConsumer([0, 1, 2], arriving=10)
+    service = _service(SlowPipeline(0.3), consumer, max_records=3)
+    service._decode(["a"])
+    assert len(service._pending) == 3  # nothing more was taken once a batch waited
     kinds = [kind for kind, _ in consumer.calls]
-    assert kinds[0] == "pause" and kinds[-1] == "resume"
-    assert consumer.calls[0] == ("pause", [0, 1, 2]) and consumer.calls[-1] == ("resume", [0, 1, 2])
-    assert kinds.count("poll") >= 5  # the member kept polling while the decoder worked
+    assert consumer.calls[kinds.index("pause")] == ("pause", [0, 1, 2])
+    assert consumer.calls[-1] == ("resume", [0, 1, 2])
+    assert kinds[kinds.index("pause") :].count("poll") >= 5  # still polling while paused
+    assert "consume" not in kinds[kinds.index("pause") :]
+    assert service.stats["pauses"] == 1
 
 
 def test_a_rebalance_during_the_step_waits_for_the_decode_and_voids_the_step() -> None:
@@ -99,18 +141,29 @@ def test_a_rebalance_during_the_step_waits_for_the_decode_and_voids_the_step() -
 
     def revoke_partition_1() -> None:
         consumer.owned = [TopicPartition("chunks", 0)]
-        service._on_revoke(consumer, [TopicPartition("chunks", 1)])  # type: ignore[arg-type]
+        service._on_revoke(consumer, [TopicPartition("chunks", 1)])
 
     consumer.on_poll = revoke_partition_1
-    assert service._decode(["a"]) is None  # type: ignore[list-item]
+    assert service._decode(["a"]) is None
     assert pipeline.events == ["step done", "drop 1"]  # the pipeline changed after the decode
-    assert consumer.calls[-1] == ("resume", [0])  # only what is still assigned
 
 
-def test_a_failing_step_is_raised_on_the_main_thread_and_resumes() -> None:
-    consumer = FakeConsumer([3])
-    service = _service(SlowPipeline(0.2, RuntimeError("decoder broke")), consumer)
+def test_a_failing_step_is_raised_on_the_main_thread() -> None:
+    consumer = FakeConsumer([3], arriving=5)
+    service = _service(SlowPipeline(0.2, RuntimeError("decoder broke")), consumer, max_records=2)
     with pytest.raises(RuntimeError, match="decoder broke"):
-        service._decode(["a"])  # type: ignore[list-item]
-    assert consumer.calls[-1] == ("resume", [3])
+        service._decode(["a"])
+    assert consumer.calls[-1] == ("resume", [3])  # paused (a batch waited), then resumed
     assert service._decoding is None
+
+
+def test_the_decode_runs_on_another_thread() -> None:
+    seen: list[str] = []
+
+    class Recording(SlowPipeline):
+        def step(self, records: Any) -> StepOutput:
+            seen.append(threading.current_thread().name)
+            return super().step(records)
+
+    _service(Recording(0.0), FakeConsumer([0]))._decode(["a"])
+    assert seen == ["codeclog-decode"]

@@ -62,13 +62,11 @@ def test_sessions_end_to_end_match_an_offline_replay(
 
 
 def test_a_saturated_decoder_pauses_and_stays_exactly_once(stack: Any, tiny_engine: Any) -> None:
-    """pause_after_s 0: every step pauses the assignment and polls until its decode ends. On
-    the real broker no record comes back from a paused partition (no step is voided), and the
-    audio is exactly once and byte-identical to an offline replay."""
+    """Everything is published before the consumer starts and a step takes 4 records: while a
+    step decodes, the next batch is polled at once and the assignment is paused. No step is
+    voided, and the audio is exactly once and byte-identical to an offline replay."""
     stack.publish_sessions(sessions=4, seconds=5, seed=12)
-    config = VocodeConfig(
-        group=stack.group, exit_when_idle_s=5.0, pause_after_s=0.0, max_records=16
-    )
+    config = VocodeConfig(group=stack.group, exit_when_idle_s=5.0, max_records=4)
     service = VocoderService(stack.client, stack.topics, config, tiny_engine)
     assert service.run() == 0
     assert service.stats["pauses"] > 1 and service.stats["steps"] > 1
