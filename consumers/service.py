@@ -316,7 +316,10 @@ class VocoderService:
         out = self._decode(records)  # decodes while the previous commit is in flight
         if out is None:  # a rebalance happened meanwhile: the step is void, start over
             self.stats["void_steps"] += 1
-            self._settle()
+            try:
+                self._await_commit()
+            except KafkaException as exc:  # abort it; the one rewind below rebuilds
+                self._handle_transaction_error(exc)
             self._rewind()
             return StepOutput()
         self.pipeline.evict_oldest(out, self.config.max_open_streams)
@@ -384,18 +387,18 @@ class VocoderService:
                 if not worker.is_alive():
                     break
                 room = self.config.max_records - len(self._pending)
-                if room <= 0 and not paused:
+                if room > 0:
+                    self._pending += self._records(consumer.consume(room, 0))
+                    continue
+                if not paused:
                     paused = consumer.assignment()
                     consumer.pause(paused)
                     self.stats["pauses"] += 1
                     self.metrics.pauses.inc()
                     self.metrics.paused_partitions.set(len(paused))
-                if room <= 0:
-                    message = consumer.poll(0)  # callbacks; a record of a partition
-                    messages = [] if message is None else [message]  # assigned meanwhile
-                else:
-                    messages = consumer.consume(room, 0)
-                self._pending += self._records(messages)
+                message = consumer.poll(0)  # callbacks; a record of a partition assigned
+                if message is not None:  # meanwhile joins the batch (the rebalance voids)
+                    self._pending += self._records([message])
         except KafkaException as exc:
             raise InfrastructureError(f"consume failed: {exc}") from exc
         finally:

@@ -71,13 +71,14 @@ def plain_lane(
     known[rows[walked.ok]] = True
     unknown = np.flatnonzero(~known)
     decoded = _decode_rows(data, buffer, spans, unknown)
+    windows = _windows(walked.columns)
     plain = (
         walked.ok
-        & _sound(walked.columns)
+        & _sound(walked.columns, windows)
         & _keyed(walked.columns["request_id"], columnar.take(keys, rows), buffer)
     )
     excluded = _excluded_groups(ids, group, plain, partitions[rows], decoded, config)
-    entries, first_rows = _fold_plain(ids, group, rows, walked.columns, excluded, config)
+    entries, first_rows = _fold_plain(ids, group, rows, walked.columns, windows, excluded, config)
     in_lane = np.zeros(count, dtype=bool)
     lane_rows = np.isin(group, [index for index, rid in enumerate(ids) if rid in entries])
     in_lane[rows[lane_rows & walked.ok]] = True
@@ -117,8 +118,7 @@ def _request_groups(
     """(distinct request ids, each walked row's index into them). A row whose id is not valid
     UTF-8 is marked not ok (its group is then meaningless)."""
     first, inverse = columnar.distinct(column, buffer)
-    texts: list[str] = []
-    index_of: dict[str, int] = {}
+    index_of: dict[str, int] = {}  # distinct id -> its group (insertion order = group order)
     to_group = np.zeros(len(first), dtype=np.int64)
     bad = []
     for position, blob in enumerate(columnar.blobs(columnar.take(column, first), data)):
@@ -128,20 +128,24 @@ def _request_groups(
             bad.append(position)
             text = ""
         to_group[position] = index_of.setdefault(text, len(index_of))
-        if len(texts) < len(index_of):
-            texts.append(text)
     if bad:
         ok[np.isin(inverse, bad)] = False
-    return texts, to_group[inverse]
+    return list(index_of), to_group[inverse]
 
 
-def _sound(columns: dict[str, Column]) -> Bools:
+def _windows(columns: dict[str, Column]) -> Int64s:
+    """Each chunk's frame count: code_flat_numel, or len(codes) where it is null."""
+    numel = columns["code_flat_numel"]
+    assert numel.present is not None
+    return np.where(numel.present, numel.values, columns["codes"].values)
+
+
+def _sound(columns: dict[str, Column], window: Int64s) -> Bools:
     """Rows the tolerant fold's first checks (T1, T2, T2a) pass: a request id, positions >= 0,
-    a frame count within the codes and codec ids in range."""
-    codes, numel, rid = columns["codes"], columns["code_flat_numel"], columns["request_id"]
-    assert codes.items is not None and numel.present is not None and rid.lengths is not None
+    a frame count (`window`) within the codes and codec ids in range."""
+    codes, rid = columns["codes"], columns["request_id"]
+    assert codes.items is not None and rid.lengths is not None
     counts = codes.values
-    window = np.where(numel.present, numel.values, counts)
     good = (window >= 0) & (window <= counts)
     good &= rid.lengths > 0
     good &= (columns["cache_epoch"].values >= 0) & (columns["chunk_seq"].values >= 0)
@@ -210,15 +214,13 @@ def _fold_plain(
     group: Int64s,
     rows: Int64s,
     columns: dict[str, Column],
+    window: Int64s,
     excluded: set[int],
     config: FoldConfig,
 ) -> tuple[dict[str, Entry], dict[str, int]]:
     """The report entries of the groups not excluded that stay plain to their last chunk."""
     order = np.argsort(group, kind="stable")  # each group's rows in log order
     bounds = np.flatnonzero(np.diff(group[order])) + 1
-    numel = columns["code_flat_numel"]
-    assert numel.present is not None
-    window = np.where(numel.present, numel.values, columns["codes"].values)
     fields = [
         columns["cache_epoch"].values[order].tolist(),
         columns["chunk_seq"].values[order].tolist(),
