@@ -165,6 +165,8 @@ class AudioPipeline:
     ) -> None:
         self.config = config
         self.engine = engine
+        # what decides the audio bytes (vocoder.domain), stamped on every AudioChunk
+        self.domain = str(getattr(engine, "domain", "")) if engine is not None else ""
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self._folds: dict[int, FoldState] = {}
         self._streams: dict[str, _Stream] = {}
@@ -440,6 +442,7 @@ class AudioPipeline:
             llm_output_text_utf8=decode.echo.llm_output_text_utf8,
             source_produced_at_ms=decode.echo.produced_at_ms,
             producer_id=self.config.producer_id,
+            determinism_domain=self.domain,
         )
         stream.window_index += 1
         stream.samples_emitted += len(pcm) // 2

@@ -1,8 +1,15 @@
 """The operator's oracle: is the audio topic exactly the offline replay of the input topic?
 
-It reads every committed record of the chunk topic and of the audio topic, replays the chunks
+It reads every committed record of the audio topic and of the chunk topic, replays the chunks
 offline through the same AudioPipeline the consumer runs (same fold policy, same vocoder), and
-checks that every decode window appears exactly once on the audio topic, byte-identical.
+checks that every decode window appears exactly once on the audio topic. Every PCM payload is
+rehashed: a payload whose bytes do not match its own sha256 field is `corrupt`.
+
+Which comparison (consumers.audio_compare): a window written in the replay's determinism domain
+must be byte-identical; a window written in another domain (another CPU's native kernels, a GPU)
+is byte-identical or within the numeric bound. The engine can be given as a factory of the
+domains found on the audio topic, so the caller can pick kernels that reproduce them
+(`codeclog verify --kernels auto`).
 """
 
 from __future__ import annotations
@@ -10,11 +17,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka.admin import AdminClient
 
 from codeclog.config import TopicsConfig
+from consumers.audio_compare import Bound, Comparison, compare_bound, pcm_digest
 from consumers.fold.machine import FoldConfig, Policy
 from consumers.pipeline import AudioPipeline, PipelineConfig, VocoderEngine
 from consumers.service import read_partition
@@ -32,13 +40,20 @@ class VerifyReport:
     duplicated: list[WindowKey] = dataclasses.field(default_factory=list)
     unexpected: list[WindowKey] = dataclasses.field(default_factory=list)
     mismatched: list[WindowKey] = dataclasses.field(default_factory=list)
+    corrupt: list[WindowKey] = dataclasses.field(default_factory=list)  # pcm != its sha256
     requests: int = 0
     dead_letters: dict[str, int] = dataclasses.field(default_factory=dict)
     request_sha256: dict[str, str] = dataclasses.field(default_factory=dict)
+    replay_domain: str = ""  # the determinism domain of the offline replay
+    domains: dict[str, int] = dataclasses.field(default_factory=dict)  # audio windows by domain
+    comparisons: dict[str, int] = dataclasses.field(default_factory=dict)  # bytes / bound
+    worst_bound_lsb: int = 0  # the largest |difference| among windows compared by the bound
+    bound: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.duplicated or self.unexpected or self.mismatched)
+        problems = (self.missing, self.duplicated, self.unexpected, self.mismatched, self.corrupt)
+        return not any(problems)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -55,15 +70,31 @@ def partitions_of(client_config: dict[str, str], topic: str) -> list[int]:
     return sorted(info.partitions)
 
 
+@dataclasses.dataclass(frozen=True)
+class AudioWindow:
+    """One audio record as verify sees it."""
+
+    sha256: str  # the record's own field
+    rehash: str  # sha256 of its pcm_s16le, recomputed
+    domain: str  # the determinism domain that wrote it ("" for v1 records: unknown)
+    pcm: bytes
+
+
+EngineFactory = Callable[[frozenset[str]], VocoderEngine]
+
+
 def expected_audio(
     client_config: dict[str, str],
     topics: TopicsConfig,
     engine: VocoderEngine,
     policy: Policy,
     progress: Callable[[str], None] | None = None,
+    keep_pcm: bool = False,
 ) -> AudioPipeline:
     """Replay the whole chunk topic offline, partition by partition."""
-    config = PipelineConfig(fold=FoldConfig(policy=policy), per_partition=True, record_audio=True)
+    config = PipelineConfig(
+        fold=FoldConfig(policy=policy), per_partition=True, record_audio=True, keep_pcm=keep_pcm
+    )
     pipeline = AudioPipeline(config, engine)
     for partition in partitions_of(client_config, topics.chunks):
         records = read_partition(client_config, topics.chunks, partition, 0, None)
@@ -76,14 +107,16 @@ def expected_audio(
 
 def actual_audio(
     client_config: dict[str, str], topics: TopicsConfig
-) -> tuple[dict[WindowKey, list[str]], dict[str, int]]:
-    windows: dict[WindowKey, list[str]] = collections.defaultdict(list)
+) -> tuple[dict[WindowKey, list[AudioWindow]], dict[str, int]]:
+    windows: dict[WindowKey, list[AudioWindow]] = collections.defaultdict(list)
     for partition in partitions_of(client_config, topics.audio):
         for record in read_partition(client_config, topics.audio, partition, 0, None):
             chunk = wire.decode(record.value)
             if isinstance(chunk, AudioChunk):
                 key = (chunk.request_id, chunk.cache_epoch, chunk.window_index)
-                windows[key].append(chunk.sha256)
+                pcm = chunk.pcm_s16le
+                seen = AudioWindow(chunk.sha256, pcm_digest(pcm), chunk.determinism_domain, pcm)
+                windows[key].append(seen)
     reasons: dict[str, int] = collections.Counter()
     for partition in partitions_of(client_config, topics.dlq):
         for record in read_partition(client_config, topics.dlq, partition, 0, None):
@@ -96,28 +129,83 @@ def actual_audio(
 def verify(
     client_config: dict[str, str],
     topics: TopicsConfig,
-    engine: VocoderEngine,
+    engine: VocoderEngine | EngineFactory,
     policy: Policy = Policy.TOLERANT,
     progress: Callable[[str], None] | None = None,
+    bound: Bound | None = None,
 ) -> VerifyReport:
-    pipeline = expected_audio(client_config, topics, engine, policy, progress)
-    expected: dict[WindowKey, str] = {}
-    report = VerifyReport()
-    for rid, audio in pipeline.audio.items():
-        report.request_sha256[rid] = audio.hasher.hexdigest()
-        for window in audio.windows:
-            expected[(rid, window["cache_epoch"], window["window_index"])] = window["sha256"]
-    actual, report.dead_letters = actual_audio(client_config, topics)
+    """`engine` is the replay's vocoder, or a factory given the domains on the audio topic."""
+    limits = bound or Bound()
+    actual, dead_letters = actual_audio(client_config, topics)
+    domains = collections.Counter(w.domain for seen in actual.values() for w in seen)
+    chosen = _resolve(engine, frozenset(domains))
+    replay_domain = str(getattr(chosen, "domain", ""))
+    foreign = any(domain != replay_domain for domain in domains)
+    pipeline = expected_audio(client_config, topics, chosen, policy, progress, keep_pcm=foreign)
+    report = VerifyReport(
+        dead_letters=dead_letters,
+        replay_domain=replay_domain,
+        domains=dict(sorted(domains.items())),
+        bound={"max_abs_lsb": limits.max_abs_lsb, "min_snr_db": limits.min_snr_db},
+    )
+    expected = _expected_windows(pipeline, report)
     report.requests = len(pipeline.audio)
     report.expected_windows = len(expected)
     report.actual_windows = sum(len(v) for v in actual.values())
-    for key, sha in sorted(expected.items()):
+    comparisons: collections.Counter[str] = collections.Counter()
+    for key, (sha, pcm) in sorted(expected.items()):
         seen = actual.get(key, [])
         if not seen:
             report.missing.append(key)
         elif len(seen) > 1:
             report.duplicated.append(key)
-        elif seen[0] != sha:
+        elif not _matches(seen[0], sha, pcm, replay_domain, limits, report, comparisons):
             report.mismatched.append(key)
+    report.corrupt = sorted(
+        key for key, seen in actual.items() if any(w.rehash != w.sha256 for w in seen)
+    )
     report.unexpected = sorted(key for key in actual if key not in expected)
+    report.comparisons = dict(sorted(comparisons.items()))
     return report
+
+
+def _resolve(engine: VocoderEngine | EngineFactory, domains: frozenset[str]) -> VocoderEngine:
+    if hasattr(engine, "decode_batch"):
+        return cast(VocoderEngine, engine)
+    return engine(domains)
+
+
+def _expected_windows(
+    pipeline: AudioPipeline, report: VerifyReport
+) -> dict[WindowKey, tuple[str, bytes]]:
+    """(sha256, pcm) of every replayed window; pcm is empty unless the pipeline kept it."""
+    expected: dict[WindowKey, tuple[str, bytes]] = {}
+    for rid, audio in pipeline.audio.items():
+        report.request_sha256[rid] = audio.hasher.hexdigest()
+        pcm = bytes(audio.pcm or b"")
+        start = 0
+        for window in audio.windows:
+            end = start + 2 * int(window["samples"])
+            key = (rid, window["cache_epoch"], window["window_index"])
+            expected[key] = (window["sha256"], pcm[start:end])
+            start = end
+    return expected
+
+
+def _matches(
+    seen: AudioWindow,
+    sha: str,
+    pcm: bytes,
+    replay_domain: str,
+    limits: Bound,
+    report: VerifyReport,
+    comparisons: collections.Counter[str],
+) -> bool:
+    """Bytes within the replay's domain; across domains equal bytes or the numeric bound."""
+    if seen.domain == replay_domain or seen.rehash == sha:
+        comparisons[Comparison.BYTES.value] += 1
+        return seen.rehash == sha
+    verdict = compare_bound(pcm, seen.pcm, limits)
+    comparisons[Comparison.BOUND.value] += 1
+    report.worst_bound_lsb = max(report.worst_bound_lsb, verdict.max_abs_lsb)
+    return verdict.ok

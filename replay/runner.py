@@ -34,6 +34,7 @@ class ReplayOptions:
     step_records: int = STEP_RECORDS
     keep_pcm: bool = False  # collect every request's PCM (for --wav-dir)
     workers: int | None = None  # processes for a state-only tolerant replay (None: per core)
+    kernels: str = "portable"  # vocoder kernels: portable (same bytes on any CPU) or native
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,8 @@ def replay(
     (replay.fast): the same decisions as the pipeline, with the values decoded in bulk."""
     if source.table is not None and options.vocoder == VOCODER_NONE:
         return _replay_state_only(source, source.table, options, progress)
-    pipeline = AudioPipeline(pipeline_config(options), load_engine(options.vocoder), _no_clock)
+    engine = load_engine(options.vocoder, options.kernels)
+    pipeline = AudioPipeline(pipeline_config(options), engine, _no_clock)
     items: Sequence[Any] = source.records if source.kind is InputKind.CAPTURE else source.events
     step = _record_step(pipeline) if source.kind is InputKind.CAPTURE else pipeline.step_events
     dead_letters: Counter[str] = Counter()
@@ -82,6 +84,8 @@ def replay(
     if progress is not None:
         progress.close()
     report = _finish_report(pipeline.report(), source, options, dead_letters)
+    if engine is not None:
+        report["determinism_domain"] = pipeline.domain  # what decided the audio bytes
     return ReplayResult(report, _pcm_by_request(pipeline))
 
 
@@ -140,8 +144,9 @@ def _pcm_by_request(pipeline: AudioPipeline) -> dict[str, bytes]:
     return {rid: bytes(audio.pcm) for rid, audio in sorted(pipeline.audio.items()) if audio.pcm}
 
 
-def load_engine(spec: str) -> Any:
-    """The vocoder for --vocoder (None for "none"). torch is imported only here."""
+def load_engine(spec: str, kernels: str = "portable") -> Any:
+    """The vocoder for --vocoder (None for "none"), with `kernels` (portable by default: the
+    same audio bytes on every x86-64 CPU). torch is imported only here."""
     if spec == VOCODER_NONE:
         return None
     try:
@@ -152,7 +157,7 @@ def load_engine(spec: str) -> Any:
             f"({exc.name} is missing)"
         ) from exc
     try:
-        return Code2WavEngine.from_spec(spec)
+        return Code2WavEngine.from_spec(spec, kernels=kernels)
     except (OSError, ValueError, CodeclogError) as exc:
         raise ReplayError(f"cannot load the vocoder {spec!r}: {exc}") from exc
 

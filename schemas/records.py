@@ -91,6 +91,7 @@ class AudioChunk:
     llm_output_text_utf8: bytes = b""
     source_produced_at_ms: int = 0  # produced_at of the newest chunk in the window
     producer_id: str = ""  # the consumer instance (transactional id) that wrote it
+    determinism_domain: str = ""  # what decided the bytes (vocoder.domain); "" = unknown (v1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -91,6 +91,21 @@ def _apply_cuda_flags() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
+def planned_settings(device: torch.device, threads: int | None = None) -> DeterminismSettings:
+    """What apply_determinism(device, threads) would report, without applying anything."""
+    count = DEFAULT_CPU_THREADS if threads is None else threads
+    cuda = device.type == "cuda"
+    return DeterminismSettings(
+        device_type=device.type,
+        threads=count,
+        interop_threads=1,
+        deterministic_algorithms=True,
+        cudnn_deterministic=True if cuda else None,
+        tf32=False if cuda else None,
+        env=tuple((key, os.environ[key]) for key in _ENV_KEYS if key in os.environ),
+    )
+
+
 def current_settings(device: torch.device) -> DeterminismSettings:
     cuda = device.type == "cuda"
     tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32

@@ -51,6 +51,7 @@ takes ownership of the modules it is given (moves, casts, fuses them) and is not
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import enum
 import itertools
@@ -72,9 +73,11 @@ from vocoder.determinism import (
     stream_seed,
     window_seed,
 )
+from vocoder.domain import determinism_domain
 from vocoder.errors import StreamStateError, VocoderConfigError, VocoderInputError
 from vocoder.flow import FlowState, FlowStateError, Token2WavFlow
 from vocoder.hift import HiftCache, HiFTGenerator, fuse_weight_norm, stream_step
+from vocoder.kernels import Kernels, kernel_scope
 from vocoder.shared import pcm_s16le
 from vocoder.voice import Voice, default_voice
 
@@ -281,10 +284,14 @@ class Code2WavEngine:
         workers: int | None = None,
         voice: Voice | None = None,
         spec: str = "custom",
+        kernels: str | Kernels | None = None,
     ) -> None:
         if dtype not in DTYPES:
             raise VocoderConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         self.device = torch.device(device)
+        self.kernels = default_kernels(self.device) if kernels is None else Kernels.parse(kernels)
+        if self.kernels is Kernels.PORTABLE and self.device.type != "cpu":
+            raise VocoderConfigError("portable kernels run on the CPU only (use --kernels native)")
         self.dtype = dtype
         self.spec = spec
         self.determinism: DeterminismSettings = apply_determinism(self.device, threads)
@@ -299,14 +306,20 @@ class Code2WavEngine:
         fuse_weight_norm(hift)
         self.hift = hift.to(self.device).eval()
         self.flow = flow.to(device=self.device, dtype=DTYPES[dtype]).eval()
-        self.flow.fill_buffers()
         self.flow_config = flow.config
         self.hift_config = hift.config
-        self.default_voice = voice if voice is not None else default_voice(flow.config)
+        with self.scope():  # constant tables and the default voice's noise: the engine's kernels
+            self.flow.fill_buffers()
+            self.default_voice = voice if voice is not None else default_voice(flow.config)
+        self.domain = determinism_domain(self.device, self.kernels, self.determinism)
         self._prompts: collections.OrderedDict[tuple[str, str], FlowState] = (
             collections.OrderedDict()
         )
         self.prompt_setups = 0  # prepare_prompt runs so far (the prompt cache's misses)
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        """The engine's kernels for the calling thread (see vocoder.kernels)."""
+        return kernel_scope(self.kernels)
 
     # -- construction ------------------------------------------------------------------------
 
@@ -318,11 +331,13 @@ class Code2WavEngine:
         dtype: str = "float32",
         threads: int | None = None,
         workers: int | None = None,
+        kernels: str | Kernels | None = None,
     ) -> Code2WavEngine:
         """Spec "tiny" = the committed tiny fixture; anything else = a checkpoint directory."""
+        options = {"device": device, "dtype": dtype, "threads": threads, "workers": workers}
         if spec == "tiny":
-            return cls.tiny(device=device, dtype=dtype, threads=threads, workers=workers)
-        return cls.load(spec, device=device, dtype=dtype, threads=threads, workers=workers)
+            return cls.tiny(**options, kernels=kernels)  # type: ignore[arg-type]
+        return cls.load(spec, **options, kernels=kernels)  # type: ignore[arg-type]
 
     @classmethod
     def tiny(
@@ -331,10 +346,18 @@ class Code2WavEngine:
         dtype: str = "float32",
         threads: int | None = None,
         workers: int | None = None,
+        kernels: str | Kernels | None = None,
     ) -> Code2WavEngine:
         flow, hift = load_fixture()
         return cls(
-            flow, hift, device=device, dtype=dtype, threads=threads, workers=workers, spec="tiny"
+            flow,
+            hift,
+            device=device,
+            dtype=dtype,
+            threads=threads,
+            workers=workers,
+            spec="tiny",
+            kernels=kernels,
         )
 
     @classmethod
@@ -345,6 +368,7 @@ class Code2WavEngine:
         dtype: str = "float32",
         threads: int | None = None,
         workers: int | None = None,
+        kernels: str | Kernels | None = None,
     ) -> Code2WavEngine:
         """A published checkpoint directory (flow.yaml, flow.pt, hift.pt; see checkpoint.py).
         Streams use the default voice (prompt extraction from ONNX models is not built)."""
@@ -352,7 +376,14 @@ class Code2WavEngine:
         flow, hift = load_checkpoint(layout)
         spec = str(layout.directory)
         return cls(
-            flow, hift, device=device, dtype=dtype, threads=threads, workers=workers, spec=spec
+            flow,
+            hift,
+            device=device,
+            dtype=dtype,
+            threads=threads,
+            workers=workers,
+            spec=spec,
+            kernels=kernels,
         )
 
     def describe(self) -> dict[str, object]:
@@ -365,6 +396,8 @@ class Code2WavEngine:
             "workers": self.workers,
             "sample_rate_hz": self.sample_rate_hz,
             "determinism": self.determinism.to_dict(),
+            "kernels": self.kernels.value,
+            "domain": self.domain,
             "torch": torch.__version__,
         }
 
@@ -393,7 +426,10 @@ class Code2WavEngine:
             self._prompts.move_to_end(key)
             return cached
         voice.check(self.flow_config)
-        state = self.flow.prepare_prompt(voice.prompt_tokens, voice.prompt_mel, voice.spk_embedding)
+        with self.scope():
+            state = self.flow.prepare_prompt(
+                voice.prompt_tokens, voice.prompt_mel, voice.spk_embedding
+            )
         self.prompt_setups += 1
         self._prompts[key] = state
         while len(self._prompts) > PROMPT_CACHE_SIZE:
@@ -483,8 +519,13 @@ class Code2WavEngine:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="code2wav")
         return self._pool
 
-    @torch.inference_mode()  # per thread: the workers enter it themselves
     def _decode_slice(
+        self, group: Sequence[_Window], part: Sequence[_Window]
+    ) -> list[tuple[np.ndarray, StreamState]]:
+        with self.scope(), torch.inference_mode():  # per thread: the workers enter them too
+            return self._decode_slice_in_scope(group, part)
+
+    def _decode_slice_in_scope(
         self, group: Sequence[_Window], part: Sequence[_Window]
     ) -> list[tuple[np.ndarray, StreamState]]:
         final = part[0].final
@@ -523,6 +564,14 @@ class Code2WavEngine:
             step = stream_step(self.hift, caches, mel, final, seeds)
             audio, new_caches = step.audio, step.caches
         return [a.to("cpu").numpy().astype(np.float32, copy=False) for a in audio], new_caches
+
+
+def default_kernels(device: torch.device) -> Kernels:
+    """Native: the portable kernels cost more than 2x the native RTF on CPU (BENCHMARKS.md,
+    "Determinism"), so they are chosen explicitly (`--kernels portable`, and replay's and
+    verify's defaults); on an accelerator only native kernels exist."""
+    del device
+    return Kernels.NATIVE
 
 
 def default_workers(device: torch.device) -> int:

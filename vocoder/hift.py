@@ -33,6 +33,7 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
 from vocoder.errors import VocoderConfigError
+from vocoder.kernels import exactmath, portable_active
 
 UPSTREAM_PREFIX = "generator."  # hift.pt keys carry it when saved from the training wrapper
 
@@ -264,12 +265,19 @@ class SourceModuleHnNSF2(nn.Module):
 
 def _hann_periodic(n_fft: int) -> Tensor:
     """scipy.signal.get_window("hann", n, fftbins=True) with scipy's own arithmetic, in float32
-    (upstream builds its iSTFT window that way; scipy is not a dependency here)."""
+    (upstream builds its iSTFT window that way; scipy is not a dependency here). Under portable
+    kernels numpy's cos (vectorised differently by CPU) is replaced by the portable one."""
     fac = np.linspace(-np.pi, np.pi, n_fft + 1)
     window = np.zeros(n_fft + 1)
     for k, coefficient in enumerate((0.5, 0.5)):
-        window += coefficient * np.cos(k * fac)
+        window += coefficient * _cos(k * fac)
     return torch.from_numpy(window[:-1].astype(np.float32))
+
+
+def _cos(values: np.ndarray) -> np.ndarray:
+    if not portable_active():
+        return np.cos(values)
+    return exactmath.cos(torch.from_numpy(np.asarray(values, dtype=np.float64))).numpy()
 
 
 class HiFTGenerator(nn.Module):
@@ -305,10 +313,19 @@ class HiFTGenerator(nn.Module):
         )
         # a plain attribute as upstream (not in the state dict); moved with the input
         self.stft_window = _hann_periodic(config.istft_n_fft)
+        self._portable_window: Tensor | None = None
+
+    def window(self, device: torch.device) -> Tensor:
+        """The STFT window; under portable kernels the portably computed one."""
+        if not portable_active():
+            return self.stft_window.to(device)
+        if self._portable_window is None:
+            self._portable_window = _hann_periodic(self.config.istft_n_fft)
+        return self._portable_window.to(device)
 
     def _stft(self, x: Tensor) -> tuple[Tensor, Tensor]:
         n_fft, hop = self.config.istft_n_fft, self.config.istft_hop
-        window = self.stft_window.to(x.device)
+        window = self.window(x.device)
         spec = torch.view_as_real(torch.stft(x, n_fft, hop, n_fft, window, return_complex=True))
         return spec[..., 0], spec[..., 1]
 
@@ -316,7 +333,7 @@ class HiFTGenerator(nn.Module):
         n_fft, hop = self.config.istft_n_fft, self.config.istft_hop
         magnitude = torch.clip(magnitude, max=1e2)
         spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        return torch.istft(spec, n_fft, hop, n_fft, window=self.stft_window.to(magnitude.device))
+        return torch.istft(spec, n_fft, hop, n_fft, window=self.window(magnitude.device))
 
     def decode(self, mel: Tensor, source: Tensor) -> Tensor:
         """Filter network: mel (B, 80, T) and excitation (B, 1, T*480) -> speech (B, T*480)."""
@@ -427,8 +444,13 @@ class HiftCache:
 
 
 def fade_window(overlap: int, device: torch.device | str = "cpu") -> Tensor:
-    """np.hamming(2 * overlap) in float64, as upstream builds `speech_window` (7680 samples)."""
-    return torch.from_numpy(np.hamming(2 * overlap)).to(device)
+    """np.hamming(2 * overlap) in float64, as upstream builds `speech_window` (7680 samples),
+    with the portable cos under portable kernels (numpy: 0.54 + 0.46 cos(pi n / (M - 1)))."""
+    size = 2 * overlap
+    if size < 2 or not portable_active():
+        return torch.from_numpy(np.hamming(size)).to(device)
+    n = np.arange(1 - size, size, 2)
+    return torch.from_numpy(0.54 + 0.46 * _cos(np.pi * n / (size - 1))).to(device)
 
 
 def cross_fade(speech: Tensor, previous_tail: Tensor) -> Tensor:

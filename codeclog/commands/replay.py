@@ -64,6 +64,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="none|tiny|DIR",
         help="also decode audio: 'tiny' (the test fixture) or a checkpoint dir (default none)",
     )
+    parser.add_argument(
+        "--kernels",
+        choices=("portable", "native"),
+        default="portable",
+        help="with --vocoder: portable (default) gives the same audio bytes on every x86-64 "
+        "CPU; native is torch's own kernels, faster, bytes depend on the CPU or GPU",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--workers",
@@ -124,6 +131,7 @@ def _replay(args: argparse.Namespace) -> int:
         args.vocoder,
         keep_pcm=args.wav_dir is not None,
         workers=args.workers,
+        kernels=args.kernels,
     )
     progress = StderrProgress(time.monotonic, "replay", "records")
     result = replay(source, options, progress)

@@ -5,13 +5,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
+from consumers.audio_compare import DEFAULT_MAX_ABS_LSB, DEFAULT_MIN_SNR_DB
 from consumers.fold.machine import Policy
 
 EPILOG = """\
 Exit codes: 0 every window of the offline replay appears exactly once on the audio topic with
-the same SHA-256; 1 something is missing, duplicated, unexpected or different; 2 usage error.
+the same bytes (or, for audio written in another determinism domain, within the numeric
+bound); 1 something is missing, duplicated, unexpected, different or corrupt; 2 usage error.
+
+Comparison: every audio record names the determinism domain that decoded it (torch release,
+kernels, CPU vendor and ISA or GPU model). A window written in the replay's own domain must be
+byte-identical; one written in another domain (native kernels on another CPU, a GPU) must be
+byte-identical or within --max-abs-lsb and --min-snr-db, and the summary says how many windows
+each comparison judged. --kernels auto (the default) replays with native kernels when every
+window was written in this machine's native domain, else with the portable kernels (the same
+bytes on every x86-64 CPU). Every payload is rehashed: bytes that do not match their own
+sha256 field are reported as corrupt.
 
 It replays the whole chunk topic offline (same fold, same vocoder) and reads the audio topic
 with read_committed, so run it when the consumer is idle (after `codeclog vocode
@@ -33,6 +46,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--vocoder", default="tiny", help="'tiny' or a checkpoint dir")
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
+        "--kernels",
+        choices=("auto", "portable", "native"),
+        default="auto",
+        help="replay kernels (default auto: reproduce the audio's domain when this machine can)",
+    )
+    parser.add_argument(
+        "--max-abs-lsb",
+        type=int,
+        default=DEFAULT_MAX_ABS_LSB,
+        metavar="N",
+        help=f"across domains: largest per-sample difference (default {DEFAULT_MAX_ABS_LSB})",
+    )
+    parser.add_argument(
+        "--min-snr-db",
+        type=float,
+        default=DEFAULT_MIN_SNR_DB,
+        metavar="DB",
+        help=f"across domains: smallest window SNR (default {DEFAULT_MIN_SNR_DB:g} dB)",
+    )
+    parser.add_argument(
         "--policy", choices=[p.value for p in Policy], default=Policy.TOLERANT.value
     )
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
@@ -46,15 +79,15 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"codeclog verify: {exc}", file=sys.stderr)
         return 2
+    from consumers.audio_compare import Bound
     from consumers.verify import verify
-    from vocoder.engine import Code2WavEngine
-
-    engine = Code2WavEngine.from_spec(args.vocoder, device=args.device)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr)
 
-    report = verify(client_config, topics, engine, Policy(args.policy), progress)
+    bound = Bound(args.max_abs_lsb, args.min_snr_db)
+    factory = _engine_factory(args.vocoder, args.device, args.kernels)
+    report = verify(client_config, topics, factory, Policy(args.policy), progress, bound)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1, sort_keys=True))
     else:
@@ -65,9 +98,48 @@ def run(args: argparse.Namespace) -> int:
         for name in ("missing", "duplicated", "unexpected", "mismatched"):
             keys = getattr(report, name)
             print(f"  {name}: {len(keys)}" + (f" e.g. {keys[:3]}" if keys else ""))
+        print(
+            f"  corrupt: {len(report.corrupt)}"
+            + (f" e.g. {report.corrupt[:3]}" if report.corrupt else "")
+        )
+        print(_comparison_line(report))
         if report.dead_letters:
             print(
                 "  dead letters: " + ", ".join(f"{k}={v}" for k, v in report.dead_letters.items())
             )
-        print("OK: exactly once, byte-identical" if report.ok else "FAILED")
+        print(_verdict(report))
     return 0 if report.ok else 1
+
+
+def _engine_factory(spec: str, device: str, kernels: str) -> Callable[[frozenset[str]], Any]:
+    def build(domains: frozenset[str]) -> Any:
+        from vocoder.domain import kernels_reproducing
+        from vocoder.engine import Code2WavEngine
+
+        chosen = kernels_reproducing(domains, device) if kernels == "auto" else kernels
+        return Code2WavEngine.from_spec(spec, device=device, kernels=chosen)
+
+    return build
+
+
+def _comparison_line(report: Any) -> str:
+    domains = ", ".join(f"{d or 'unknown (v1)'}: {n}" for d, n in report.domains.items())
+    counts = report.comparisons
+    text = (
+        f"  replayed in {report.replay_domain}; audio written in {domains or 'no domain'}; "
+        f"compared bytewise {counts.get('bytes', 0)}"
+    )
+    if counts.get("bound"):
+        text += (
+            f", by the bound {counts['bound']} (worst {report.worst_bound_lsb} LSB, limits "
+            f"{report.bound['max_abs_lsb']:g} LSB / {report.bound['min_snr_db']:g} dB)"
+        )
+    return text
+
+
+def _verdict(report: Any) -> str:
+    if not report.ok:
+        return "FAILED"
+    if report.comparisons.get("bound"):
+        return "OK: exactly once; byte-identical within the domain, within the bound across domains"
+    return "OK: exactly once, byte-identical"

@@ -49,6 +49,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
     parser.add_argument(
+        "--kernels",
+        choices=("native", "portable"),
+        default="native",
+        help="native (default: torch's kernels, fastest; the audio bytes depend on the CPU "
+        "vendor and ISA or the GPU) or portable (CPU only: the same bytes on every x86-64 CPU, "
+        "so live audio equals any offline replay and a moved partition continues bytewise; "
+        "about 5x the native decode time on the tiny model)",
+    )
+    parser.add_argument(
         "--decode-workers",
         type=int,
         default=None,
@@ -107,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         engine = Code2WavEngine.from_spec(
-            args.vocoder, device=args.device, workers=args.decode_workers
+            args.vocoder, device=args.device, workers=args.decode_workers, kernels=args.kernels
         )
     except Exception as exc:  # any load failure is reported in one sentence
         print(f"codeclog vocode: cannot load vocoder {args.vocoder!r}: {exc}", file=sys.stderr)

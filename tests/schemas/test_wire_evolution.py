@@ -15,7 +15,7 @@ from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibi
 from fastavro import parse_schema, schemaless_reader
 
 from schemas import wire
-from schemas.records import CodecChunk, to_dict
+from schemas.records import AudioChunk, CodecChunk, to_dict
 
 # Written by codec_chunk.v1 (fastavro 1.13, before v2 existed) and never regenerated: the
 # write-old/read-new test must not depend on today's code to produce "old" bytes.
@@ -203,3 +203,36 @@ def test_registry_refuses_a_broken_schema_folder(case: str, tmp_path: Path) -> N
 def test_registry_accepts_the_shipped_folder(tmp_path: Path) -> None:
     _copy_schemas(tmp_path, {})
     wire.check_folder(tmp_path)
+
+
+# Written by audio_chunk.v1 (fastavro, before v2 existed) and never regenerated.
+V1_GOLDEN_AUDIO = bytes.fromhex(
+    "c3011a2a607d09a0448604723104040002000680ee0580f702080100ff7f8001616261626162616261626162"
+    "6162616261626162616261626162616261626162616261626162616261626162616261626162616261626162"
+    "616261626162616200010100000000f681e682b96616766f636f6465722d6f6c64"
+)
+
+
+def test_golden_v1_audio_decodes_with_an_unknown_domain() -> None:
+    """Audio written before the determinism domain existed reads as domain "" (unknown)."""
+    assert wire.known_fingerprints()[V1_GOLDEN_AUDIO[2:10].hex()] == "audio_chunk.v1"
+    audio = wire.decode(V1_GOLDEN_AUDIO)
+    assert isinstance(audio, AudioChunk)
+    assert (audio.request_id, audio.window_index, audio.sample_offset) == ("r1", 3, 48000)
+    assert audio.pcm_s16le == b"\x01\x00\xff\x7f"
+    assert audio.producer_id == "vocoder-old"
+    assert audio.determinism_domain == ""
+
+
+def test_latest_audio_reads_with_the_v1_reader_schema() -> None:
+    """Write-new/read-old: a v1 reader (e.g. an old verify) reads v2 audio, domain dropped."""
+    audio = dataclasses.replace(
+        wire.decode(V1_GOLDEN_AUDIO), determinism_domain="portable1:torch2.15:x86_64"
+    )
+    data = wire.encode(audio)
+    v1 = parse_schema(json.loads(wire.schema_json("audio_chunk", 1)))
+    latest = wire.registry().latest["audio_chunk"]
+    values = schemaless_reader(io.BytesIO(data[10:]), latest.parsed, v1)
+    expected = to_dict(audio)
+    del expected["determinism_domain"]
+    assert values == expected

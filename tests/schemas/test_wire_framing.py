@@ -29,6 +29,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
 # .avsc file. Add <name>.v<N+1>.avsc instead (docs/wire-format.md, "Evolution").
 RELEASED = {
     "1a2a607d09a04486": "audio_chunk.v1",
+    "a302131fe8753153": "audio_chunk.v2",
     "9a6d29d005c158c7": "codec_chunk.v1",
     "2c1f915c3a872f97": "codec_chunk.v2",
     "1bbfab44b732974c": "control_event.v1",

@@ -15,10 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+from vocoder.domain import torch_release
 
 pytestmark = [pytest.mark.vocoder, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "data" / "engine_golden_tiny.json"
 
 DECODE_SCRIPT = """
 import hashlib, random, sys
@@ -29,7 +31,7 @@ random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
 torch.rand(seed % 97 + 1)  # shift the global stream differently in each process
 from vocoder.engine import Code2WavEngine, pcm_s16le, stream_seed
 from vocoder.flow import canonical_windows
-engine = Code2WavEngine.tiny()
+engine = Code2WavEngine.tiny(kernels=sys.argv[2] if len(sys.argv) > 2 else "native")
 ids = [4218] * 3 + [(i * 7919 + 13) % 6561 for i in range(60)]
 state = engine.setup(seed=stream_seed("golden-request", 0))
 pcm = b""
@@ -59,16 +61,18 @@ def _finish(process: subprocess.Popen[str]) -> str:
     return stdout.strip().splitlines()[-1]
 
 
-def test_two_processes_with_different_global_seeds_give_identical_pcm() -> None:
-    first, second = _spawn(DECODE_SCRIPT, "1"), _spawn(DECODE_SCRIPT, "31337")
+@pytest.mark.parametrize("kernels", ["native", "portable"])
+def test_two_processes_with_different_global_seeds_give_identical_pcm(kernels: str) -> None:
+    first = _spawn(DECODE_SCRIPT, "1", kernels)
+    second = _spawn(DECODE_SCRIPT, "31337", kernels)
     digest_first, digest_second = _finish(first), _finish(second)
     assert len(digest_first) == 64
     assert digest_first == digest_second
-    golden = json.loads((Path(__file__).parent / "data" / "engine_golden_tiny.json").read_text())
-    version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    pinned = golden["sha256"].get(f"torch-{version}/{platform.machine()}")
-    if pinned is not None:  # the same stream as test_engine_streaming's golden
-        assert digest_first == pinned
+    if kernels == "portable":  # the same stream as test_engine_streaming's golden
+        golden = json.loads(GOLDEN.read_text())
+        pinned = golden["sha256"].get(f"portable1:torch{torch_release()}:{platform.machine()}")
+        if pinned is not None:
+            assert digest_first == pinned
 
 
 BOUNDARY_SCRIPT = """

@@ -22,12 +22,54 @@ from torch import Tensor, nn
 
 from vocoder.flow.config import FlowConfig
 from vocoder.flow.dit import DiT
+from vocoder.kernels import portable_active
 
 
 def draw_noise_table(config: FlowConfig) -> Tensor:
-    """The (1, mel_dim, noise_frames) float32 CPU table; same bits on every machine."""
+    """The (1, mel_dim, noise_frames) float32 CPU table. Native torch.randn: its Box-Muller
+    rounds differently by CPU (vectorised on AVX2, scalar libm elsewhere); under portable
+    kernels the same draws give the same bits everywhere (see PortableNoise)."""
     generator = torch.Generator(device="cpu").manual_seed(config.noise_seed)
     return torch.randn([1, config.mel_dim, config.noise_frames], generator=generator)
+
+
+class PortableNoise:
+    """The portable noise table, transformed only where read.
+
+    torch's CPU randn fills the whole table with uniform draws and turns each block of 16
+    consecutive values into normals on its own (Box-Muller), so a slice needs only its blocks.
+    With noise_frames a multiple of 16, blocks never straddle mel bins; then the (cheap, exact)
+    uniform draws are kept and a slice's blocks transformed on demand, which is what makes the
+    portable table affordable (2.4 M values, of which a stream reads a few thousand)."""
+
+    def __init__(self, config: FlowConfig) -> None:
+        if config.noise_frames % 16:
+            raise ValueError("PortableNoise needs noise_frames divisible by 16")
+        generator = torch.Generator(device="cpu").manual_seed(config.noise_seed)
+        count = config.mel_dim * config.noise_frames
+        uniform = torch.rand(count, generator=generator, dtype=torch.float32)
+        self._uniform = uniform.view(config.mel_dim, config.noise_frames)
+        self._blocks: dict[int, Tensor] = {}  # block start frame -> (mel_dim, 16) normals
+
+    def slice(self, offset: int, frames: int) -> Tensor:
+        """noise[:, :, offset : offset + frames] of the table randn would have drawn."""
+        first, last = offset // 16, -(-(offset + frames) // 16)
+        blocks = [self._block(index * 16) for index in range(first, last)]
+        if not blocks:
+            return self._uniform[None, :, :0].clone()
+        joined = torch.cat(blocks, dim=1)
+        start = offset - first * 16
+        return joined[None, :, start : start + frames]
+
+    def _block(self, start: int) -> Tensor:
+        block = self._blocks.get(start)
+        if block is None:
+            from vocoder.kernels.portable import box_muller  # torch dispatch: on use
+
+            uniform = self._uniform[:, start : start + 16].to(torch.float64)
+            block = box_muller(uniform.reshape(-1)).reshape(-1, 16).to(torch.float32)
+            self._blocks[start] = block
+        return block
 
 
 def cosine_t_span(n_timesteps: int, like: Tensor) -> Tensor:
@@ -43,10 +85,22 @@ class ConditionalFlowMatching(nn.Module):
         self.config = config
         self.estimator = DiT(config)
         self.register_buffer("noise", torch.empty(0), persistent=False)
+        self._portable_noise: PortableNoise | None = None
 
     def fill_buffers(self) -> None:
         weight = self.estimator.in_proj.weight
+        if portable_active() and self.config.noise_frames % 16 == 0:
+            self._portable_noise = PortableNoise(self.config)
+            self.noise = torch.empty(0, device=weight.device, dtype=weight.dtype)
+            return
+        self._portable_noise = None
         self.noise = draw_noise_table(self.config).to(device=weight.device, dtype=weight.dtype)
+
+    def noise_slice(self, offset: int, frames: int) -> Tensor:
+        if self._portable_noise is None:
+            return self.noise[:, :, offset : offset + frames]
+        weight = self.estimator.in_proj.weight
+        return self._portable_noise.slice(offset, frames).to(weight.device, weight.dtype)
 
     def forward_chunk(
         self,
@@ -59,7 +113,7 @@ class ConditionalFlowMatching(nn.Module):
         """mu, cond (B, mel, F); spks (B, mel) -> mel (B, mel, F), new cnn and att caches."""
         offset = att_cache.shape[4] if att_cache is not None else 0
         frames = mu.shape[2]
-        z = self.noise[:, :, offset : offset + frames] * 1.0  # upstream: * temperature (1.0)
+        z = self.noise_slice(offset, frames) * 1.0  # upstream: * temperature (1.0)
         x = z.expand(mu.shape[0], -1, -1)
         t_span = cosine_t_span(self.config.n_timesteps, mu)
         return self._solve_euler(x, t_span, mu, spks, cond, cnn_cache, att_cache)

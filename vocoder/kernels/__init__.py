@@ -1,0 +1,60 @@
+"""Which kernels decide the vocoder's bytes: `native` (torch's own: fastest, bytes depend on the
+CPU vendor and ISA, the GPU model, the torch build) or `portable` (the vocoder's numerically
+sensitive ops owned by vocoder.kernels.portable: the same bytes on every x86-64 CPU for one
+torch version, at a measured cost, see BENCHMARKS.md).
+
+    with kernel_scope("portable"):
+        ...  # every torch op in this thread runs portably (or is refused)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+from collections.abc import Iterator
+
+from vocoder.errors import VocoderConfigError
+
+
+class Kernels(enum.Enum):
+    NATIVE = "native"
+    PORTABLE = "portable"
+
+    @classmethod
+    def parse(cls, value: str | Kernels) -> Kernels:
+        if isinstance(value, Kernels):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(k.value for k in cls)
+            raise VocoderConfigError(f"kernels must be one of {names}, got {value!r}") from None
+
+
+_local = threading.local()
+
+
+def portable_active() -> bool:
+    """True inside a portable kernel_scope of this thread (constants built at construction, such
+    as the STFT and cross-fade windows, are then computed portably too)."""
+    return bool(getattr(_local, "depth", 0))
+
+
+@contextlib.contextmanager
+def kernel_scope(kernels: str | Kernels) -> Iterator[None]:
+    """Run the block with `kernels`; native is a no-op. Thread-local, re-entrant."""
+    if Kernels.parse(kernels) is Kernels.NATIVE:
+        yield
+        return
+    from vocoder.kernels.portable import PortableKernels  # torch dispatch: imported on use
+
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        if _local.depth > 1:
+            yield
+        else:
+            with PortableKernels():
+                yield
+    finally:
+        _local.depth -= 1
