@@ -99,6 +99,7 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
     from codeclog.topics import ensure_topics
     from consumers.pipeline import StepOutput
     from consumers.service import VocodeConfig, VocoderService
+    from lag.drain import undrained, wait_drained
     from producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
     from producers.synthetic import SyntheticConfig, merged, play, scripts
 
@@ -141,14 +142,11 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
     )
     publisher.close(30)
     talk_s = time.monotonic() - started
-    deadline = time.monotonic() + 120
-    last = -1
-    while time.monotonic() < deadline:  # drained: no new windows for 3 s
-        time.sleep(3.0)
-        count = sum(s.windows for s in steps)
-        if count == last:
-            break
-        last = count
+    # drained: every partition with data committed to its end (lag.drain), not "no new
+    # windows for 3 s", which a consumer stuck behind the saturated vocoder also satisfies
+    drained = wait_drained(client, config.group, topics.chunks, timeout_s=120)
+    if not drained.drained:
+        print(f"warning: not drained after 120 s: {'; '.join(undrained(drained))}", file=sys.stderr)
     stop.set()
     thread.join(30)
     end_to_end, decode, added, arrive, in_step = [], [], [], [], []

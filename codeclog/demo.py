@@ -174,6 +174,8 @@ class LagSampler(threading.Thread):
         self.monitor = LagMonitor(client, group, topic)
         self.samples: list[tuple[float, int, float, float]] = []
         self.statuses: list[str] = []
+        # the latest sample: every partition with data committed to its end (lag.drain)
+        self.drained = False
         self.t0 = t0
         self._halt = threading.Event()
 
@@ -193,6 +195,7 @@ class LagSampler(threading.Thread):
                 )
             )
             self.statuses.append(str(report.status.value))
+            self.drained = report.drained
 
     def stop(self) -> None:
         self._halt.set()
@@ -237,15 +240,17 @@ def _talk(bootstrap: str, topics: TopicsConfig, options: DemoOptions, show: Any)
 
 
 def _wait_drained(collector: AudioCollector, sampler: LagSampler, timeout_s: float) -> None:
+    """Until every partition with data is committed to its end (partitions the group never
+    committed on included: a total lag of 0 over the committed ones is not enough) and the
+    audio collector has seen nothing new for 2 s."""
     deadline = time.monotonic() + timeout_s
     last_count, stable_since = -1, time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.5)
         count = len(collector.chunks)
-        lag_zero = bool(sampler.samples) and sampler.samples[-1][1] == 0
         if count != last_count:
             last_count, stable_since = count, time.monotonic()
-        elif lag_zero and time.monotonic() - stable_since > 2.0:
+        elif sampler.drained and time.monotonic() - stable_since > 2.0:
             return
     _say("[demo] warning: the consumer did not drain within the timeout")
 

@@ -28,18 +28,38 @@ Partition rules, first match wins (Burrow's order, C.1):
 | `within_allowed_lag` | latest lag <= `allowed_lag`                                  | OK     |
 | `stop`               | lag > allowed in every sample, stuck, partition not owned    | STOP   |
 | `rewind`             | latest committed offset < the window's highest one           | REWIND |
+| `time_lag_above`     | young window, latest time lag > `max_time_lag_s`             | LAGGING|
+| `audio_lag_above`    | young window, latest audio lag > `max_audio_lag_s`           | LAGGING|
 | `lag_was_zero`       | some sample in the window had lag <= `allowed_lag`           | OK     |
 | `stall`              | stuck (and owned, else `stop` matched)                       | STALL  |
 | `growing`            | >= `warn_min_samples`, growth > threshold, positive trend    | WARN   |
 | `not_growing`        | none of the above                                            | OK     |
 
-"stuck" means idle_ms >= `stuck_after_ms`.
+"stuck" means idle_ms >= `stuck_after_ms`. "young" means the partition has been observed for
+less than `stuck_after_ms` (one-shot `codeclog lag` is always young): such a window cannot yet
+tell a stopped consumer from a live one, so absolute thresholds stand in for STOP and STALL.
+They are sized for real-time speech: a listener's playback buffer holds about a second, so a
+chunk 3 s old (`max_time_lag_s`) is an audible gap, and 5 s of speech waiting on one partition
+(`max_audio_lag_s`) is more than its sessions produce during a normal consumer step.
+
+Lag of a partition the group never committed on is measured from where the group would start
+(`auto.offset.reset`, earliest for codeclog: the log start offset), so it is never unknown
+while the partition has data (lag.measure); its committed offset stays None, so it never
+progresses and turns STOP or STALL once stuck.
+
+Group rules (`GroupRule`), on top of the partition statuses; each makes the group ERR:
+
+| rule               | condition                                                        | when   |
+|--------------------|------------------------------------------------------------------|--------|
+| `group_not_found`  | the cluster does not know the group (state DEAD, no offsets)     | always |
+| `empty_with_lag`   | the group has no members while some partition has lag            | always |
+| `never_committed`  | no committed offset on any partition while some has lag          | young  |
 
 The REWIND test is Burrow's "some offset[i] < offset[i-1] and the consumer never got back to
 offset[i-1]", which is equivalent to "the latest offset is below the window's maximum".
 
-Group status is the worst partition status: ERR if any partition is STOP, STALL or REWIND, else
-WARN if any is WARN, else OK.
+Group status is the worst partition status: ERR if any partition is STOP, STALL, REWIND or
+LAGGING, or any group rule holds, else WARN if any is WARN, else OK.
 """
 
 from __future__ import annotations
@@ -64,6 +84,7 @@ class PartitionStatus(enum.Enum):
     STOP = "STOP"  # no progress for some time, lag non-zero, nobody holds the partition
     STALL = "STALL"  # a live member holds the partition but the offset does not move
     REWIND = "REWIND"  # the committed offset went backwards and has not recovered
+    LAGGING = "LAGGING"  # young window: time or audio lag above its absolute threshold
 
 
 class GroupStatus(enum.Enum):
@@ -85,6 +106,16 @@ class Rule(enum.Enum):
     STALL = "stall"
     GROWING = "growing"
     NOT_GROWING = "not_growing"
+    TIME_LAG_ABOVE = "time_lag_above"
+    AUDIO_LAG_ABOVE = "audio_lag_above"
+
+
+class GroupRule(enum.Enum):
+    """A group-level finding (see the module docstring); any of them makes the group ERR."""
+
+    GROUP_NOT_FOUND = "group_not_found"
+    EMPTY_WITH_LAG = "empty_with_lag"
+    NEVER_COMMITTED = "never_committed"
 
 
 RULE_STATUS: Mapping[Rule, PartitionStatus] = {
@@ -96,6 +127,8 @@ RULE_STATUS: Mapping[Rule, PartitionStatus] = {
     Rule.STALL: PartitionStatus.STALL,
     Rule.GROWING: PartitionStatus.WARN,
     Rule.NOT_GROWING: PartitionStatus.OK,
+    Rule.TIME_LAG_ABOVE: PartitionStatus.LAGGING,
+    Rule.AUDIO_LAG_ABOVE: PartitionStatus.LAGGING,
 }
 
 _GROUP_OF: Mapping[PartitionStatus, GroupStatus] = {
@@ -104,6 +137,7 @@ _GROUP_OF: Mapping[PartitionStatus, GroupStatus] = {
     PartitionStatus.STOP: GroupStatus.ERR,
     PartitionStatus.STALL: GroupStatus.ERR,
     PartitionStatus.REWIND: GroupStatus.ERR,
+    PartitionStatus.LAGGING: GroupStatus.ERR,
 }
 _GROUP_RANK: Mapping[GroupStatus, int] = {
     GroupStatus.OK: 0,
@@ -165,12 +199,20 @@ class EvaluatorConfig:
     stuck_after_ms: int = 30_000  # no progress for this long (with lag) is STOP or STALL
     warn_growth_records: int = 100  # WARN needs the lag to grow by more than this over the window
     warn_min_samples: int = 5  # ... seen over at least this many samples
+    # absolute thresholds for young windows (and one-shot checks): see the module docstring
+    max_time_lag_s: float = 3.0
+    max_audio_lag_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.window_samples < 2:
             raise LagConfigError(f"window_samples must be >= 2, got {self.window_samples}")
         if self.allowed_lag < 0 or self.stuck_after_ms < 0 or self.warn_growth_records < 0:
             raise LagConfigError("allowed_lag, stuck_after_ms and warn_growth_records must be >= 0")
+        if not (self.max_time_lag_s >= 0 and self.max_audio_lag_s >= 0):
+            raise LagConfigError(
+                f"max_time_lag_s and max_audio_lag_s must be >= 0, got "
+                f"{self.max_time_lag_s:g} and {self.max_audio_lag_s:g}"
+            )
         if not 2 <= self.warn_min_samples <= self.window_samples:
             raise LagConfigError(
                 f"warn_min_samples must be in 2..window_samples ({self.window_samples}), "
@@ -234,17 +276,29 @@ def is_growing(window: Sequence[Sample], config: EvaluatorConfig) -> bool:
     return lag_trend([s.observed_at_ms for s in window if s.lag is not None], lags) > 0
 
 
+def above_threshold(sample: Sample, config: EvaluatorConfig) -> Rule | None:
+    """The absolute rule a sample breaks (time lag first), or None."""
+    if sample.time_lag_s is not None and sample.time_lag_s > config.max_time_lag_s:
+        return Rule.TIME_LAG_ABOVE
+    if sample.audio_lag_s is not None and sample.audio_lag_s > config.max_audio_lag_s:
+        return Rule.AUDIO_LAG_ABOVE
+    return None
+
+
 def evaluate_partition(
     window: Sequence[Sample],
     now_ms: int,
     config: EvaluatorConfig,
     offset_seen_since_ms: int | None = None,
+    first_seen_ms: int | None = None,
 ) -> Verdict:
     """The status of one partition from its window (oldest sample first) at `now_ms`.
 
     `offset_seen_since_ms` is when the latest committed offset was first observed, if known
     from before the window (LagWindows tracks it); otherwise the window alone bounds it, and
-    idle time can never exceed the window's span.
+    idle time can never exceed the window's span. `first_seen_ms` is when the partition was
+    first observed (LagWindows tracks it; else the window's oldest sample): the window is young
+    until `stuck_after_ms` after it.
     """
     if not window or (lag := window[-1].lag) is None:
         return _NO_DATA
@@ -261,6 +315,9 @@ def evaluate_partition(
         return _verdict(Rule.STOP, idle_ms)
     if is_rewound(window):
         return _verdict(Rule.REWIND, idle_ms)
+    first_ms = window[0].observed_at_ms if first_seen_ms is None else first_seen_ms
+    if now_ms - first_ms < config.stuck_after_ms and (rule := above_threshold(window[-1], config)):
+        return _verdict(rule, idle_ms)
     if caught_up:
         return _verdict(Rule.LAG_WAS_ZERO, idle_ms)
     if stuck:
@@ -270,8 +327,36 @@ def evaluate_partition(
     return _verdict(Rule.NOT_GROWING, idle_ms)
 
 
-def group_status(statuses: Iterable[PartitionStatus]) -> GroupStatus:
-    """The worst partition status, with STOP, STALL and REWIND clamped to ERR."""
+def group_rules(
+    state: str | None,
+    member_count: int | None,
+    samples: Sequence[Sample],
+    young: bool,
+    config: EvaluatorConfig,
+) -> tuple[GroupRule, ...]:
+    """The group rules that hold for the latest sample of every partition of the topic.
+
+    `state` is the consumer group state name (None: unknown, e.g. a cluster that cannot describe
+    groups); `young`: the group has been observed for less than `stuck_after_ms`.
+    """
+    never_committed = all(s.committed_offset is None for s in samples)
+    lagging = any(s.lag is not None and s.lag > config.allowed_lag for s in samples)
+    rules: list[GroupRule] = []
+    if state == "DEAD" and never_committed:
+        rules.append(GroupRule.GROUP_NOT_FOUND)
+    if member_count == 0 and lagging:
+        rules.append(GroupRule.EMPTY_WITH_LAG)
+    if young and never_committed and lagging:
+        rules.append(GroupRule.NEVER_COMMITTED)
+    return tuple(rules)
+
+
+def group_status(
+    statuses: Iterable[PartitionStatus], rules: Iterable[GroupRule] = ()
+) -> GroupStatus:
+    """The worst partition status, STOP/STALL/REWIND/LAGGING clamped to ERR; ERR on any rule."""
+    if any(True for _ in rules):
+        return GroupStatus.ERR
     worst = GroupStatus.OK
     for status in statuses:
         candidate = _GROUP_OF[status]
@@ -293,6 +378,7 @@ class LagWindows:
         # when each partition's current committed offset was first observed; kept apart from
         # the window because a stopped consumer's offset outlives any window of samples
         self._offset_seen_since_ms: dict[PartitionId, int] = {}
+        self._first_seen_ms: dict[PartitionId, int] = {}  # the window is young until stuck_after
 
     def observe(self, key: PartitionId, sample: Sample) -> bool:
         """Append a sample; False (and ignored) when it is not newer than the last one.
@@ -308,6 +394,7 @@ class LagWindows:
             return False
         if not window or window[-1].committed_offset != sample.committed_offset:
             self._offset_seen_since_ms[key] = sample.observed_at_ms
+        self._first_seen_ms.setdefault(key, sample.observed_at_ms)
         window.append(sample)
         return True
 
@@ -316,6 +403,7 @@ class LagWindows:
         for key in [k for k in self._windows if k not in keep]:
             del self._windows[key]
             self._offset_seen_since_ms.pop(key, None)
+            self._first_seen_ms.pop(key, None)
 
     def window(self, key: PartitionId) -> tuple[Sample, ...]:
         return tuple(self._windows.get(key, ()))
@@ -331,8 +419,8 @@ class LagWindows:
         return full / len(self._windows)
 
     def evaluate(self, now_ms: int) -> dict[PartitionId, Verdict]:
-        since = self._offset_seen_since_ms
+        since, first = self._offset_seen_since_ms, self._first_seen_ms
         return {
-            key: evaluate_partition(window, now_ms, self.config, since.get(key))
+            key: evaluate_partition(window, now_ms, self.config, since.get(key), first.get(key))
             for key, window in self._windows.items()
         }

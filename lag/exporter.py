@@ -1,12 +1,17 @@
 """Prometheus metrics for lag reports, named like kafka-lag-exporter so its dashboards work.
 
 Per partition (labels cluster_name, group, topic, partition):
-  kafka_consumergroup_group_offset        committed offset
-  kafka_consumergroup_group_lag           records behind the last stable offset
+  kafka_consumergroup_group_offset        committed offset (absent when the group has none)
+  kafka_consumergroup_group_lag           records behind the last stable offset, from the
+                                          committed offset or, without one, from the reset
+                                          position (earliest: the log start offset)
   kafka_consumergroup_group_lag_seconds   age of the record at the committed offset (read, not
                                           interpolated: see lag.measure)
   codeclog_audio_lag_seconds              seconds of codec frames not yet vocoded (estimate)
-  codeclog_partition_status{status=...}   one series per status (OK, WARN, STOP, STALL, REWIND):
+  codeclog_partition_lag_from_reset       1: no committed offset, the lags above are measured
+                                          from the reset position; 0: from the committed offset
+  codeclog_partition_status{status=...}   one series per status (OK, WARN, STOP, STALL, REWIND,
+                                          LAGGING):
                                           1 for the current status, 0 for the others, so
                                           `codeclog_partition_status{status="STOP"} == 1` selects
                                           stopped partitions (the StateSet pattern of OpenMetrics)
@@ -16,6 +21,8 @@ Per group (labels cluster_name, group):
   kafka_consumergroup_poll_time_ms        how long the last measurement took
   codeclog_group_status{status=...}       like codeclog_partition_status, statuses OK, WARN, ERR
   codeclog_group_members                  live members (0: nobody consumes; lag may still be 0)
+  codeclog_group_rule{rule=...}           one series per group rule (group_not_found,
+                                          empty_with_lag, never_committed): 1 when it holds
   codeclog_lag_measure_failures_total     measurements that failed (counter)
 Per topic partition (labels cluster_name, topic, partition):
   kafka_partition_latest_offset           the LAST STABLE OFFSET (kafka-lag-exporter exports the
@@ -38,7 +45,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from codeclog.errors import CodeclogError
-from lag.evaluator import GroupStatus, PartitionStatus
+from lag.evaluator import GroupRule, GroupStatus, PartitionStatus
 from lag.measure import MeasureError
 from lag.monitor import LagMonitor
 from lag.report import GroupReport, PartitionReport, status_line
@@ -53,6 +60,9 @@ HELP = {
     "kafka_consumergroup_group_lag": "Records between the committed offset and the LSO.",
     "kafka_consumergroup_group_lag_seconds": "Age of the record at the committed offset.",
     "codeclog_audio_lag_seconds": "Seconds of codec frames not yet vocoded (estimate).",
+    "codeclog_partition_lag_from_reset": (
+        "1 when the group has no committed offset and lag is measured from the reset position."
+    ),
     "codeclog_partition_status": "1 for the partition's current evaluator status, else 0.",
     "kafka_consumergroup_group_max_lag": "Highest partition lag of the group.",
     "kafka_consumergroup_group_max_lag_seconds": "Highest partition time lag of the group.",
@@ -61,6 +71,7 @@ HELP = {
     "kafka_consumergroup_poll_time_ms": "Milliseconds the last lag measurement took.",
     "codeclog_group_status": "1 for the group's current evaluator status, else 0.",
     "codeclog_group_members": "Live members of the consumer group.",
+    "codeclog_group_rule": "1 when the group rule holds (group_not_found, empty_with_lag, ...).",
     "kafka_partition_latest_offset": "Last stable offset of the partition.",
     "kafka_partition_earliest_offset": "Earliest offset of the partition.",
     "codeclog_lag_measure_failures_total": "Lag measurements that failed.",
@@ -102,6 +113,7 @@ def partition_series(cluster: str, group: str, p: PartitionReport) -> list[Serie
         *_series("kafka_consumergroup_group_lag", labels, p.lag),
         *_series("kafka_consumergroup_group_lag_seconds", labels, p.time_lag_s),
         *_series("codeclog_audio_lag_seconds", labels, p.audio_lag_s),
+        *_series("codeclog_partition_lag_from_reset", labels, 1.0 if p.from_reset else 0.0),
     ]
     for status in PartitionStatus:
         flag = 1.0 if p.status is status else 0.0
@@ -123,6 +135,9 @@ def group_series(cluster: str, report: GroupReport) -> list[Series]:
     for status in GroupStatus:
         flag = 1.0 if report.status is status else 0.0
         out += _series("codeclog_group_status", {**labels, "status": status.value}, flag)
+    for rule in GroupRule:
+        holds = 1.0 if rule in report.rules else 0.0
+        out += _series("codeclog_group_rule", {**labels, "rule": rule.value}, holds)
     return out
 
 

@@ -10,7 +10,15 @@ What is read, per partition of the topic, in one `measure()` call:
 * group state and members (`describe_consumer_groups`), so an empty group is visible and each
   partition is known to be held by a live member or not (STOP vs STALL in the evaluator).
 
-Lag counts the records a read_committed consumer still has to read: LSO - committed, except
+A partition the group never committed on still has a lag: it is measured from where the group
+would start, its `auto.offset.reset` (`offset_reset`; earliest for codeclog's consumer: the
+log start offset, so every retained record is waiting; latest: nothing is). Such a row says so
+(`from_reset`, and `start_offset` is the reset position), and its time and audio lag come from
+the records after the reset position like any other. Without this a stopped group hid every
+partition it had never touched: new sessions there showed lag "-", were not counted, and the
+group looked OK.
+
+Lag counts the records a read_committed consumer still has to read: LSO - start, except
 that when the head reader (below) reaches the end it counts the visible records exactly. This
 matters on transactional input: right after the last record of a transaction, position() still
 points at the commit marker until the consumer's next fetch steps over it (checked on Kafka
@@ -19,7 +27,8 @@ that commits position() only together with its outputs would otherwise show lag 
 the topic goes idle, and the evaluator would call it STALL.
 
 Time lag is read, not interpolated (kafka.md C.3): for each lagging partition a short-lived
-read_committed consumer `assign()`s the committed offset and reads the first visible record;
+read_committed consumer `assign()`s the start offset (committed, else the reset position) and
+reads the first visible record;
 time lag = now - that record's timestamp (clamped at 0). A caught-up partition has time lag 0.
 If the reader reaches the end without a visible record (only commit markers or aborted records
 are left) both time and audio lag are 0: nothing is waiting to be vocoded.
@@ -75,6 +84,8 @@ from schemas.records import FRAME_SECONDS, CodecChunk
 DEFAULT_READ_RECORDS = 64  # K: records decoded per lagging partition for the audio estimate
 DEFAULT_TIMEOUT_S = 10.0  # admin requests
 DEFAULT_READ_TIMEOUT_S = 3.0  # the head reader, all partitions together
+OFFSET_RESETS = ("earliest", "latest")  # auto.offset.reset values a lag can be measured from
+DEFAULT_OFFSET_RESET = "earliest"  # codeclog's consumer (consumers.service)
 
 FramesOf = Callable[[bytes | None], int]
 
@@ -89,6 +100,10 @@ def quiet(client_config: Mapping[str, str]) -> dict[str, str]:
 
 class MeasureError(CodeclogError):
     """The cluster could not be asked (unreachable, unknown topic, request failed)."""
+
+
+class ClientConfigError(MeasureError):
+    """The Kafka client configuration or a measurer setting is invalid (a usage error)."""
 
 
 def new_frames(chunk: CodecChunk) -> int:
@@ -119,6 +134,10 @@ class PartitionMeasurement:
     time_lag_s: float | None
     audio_lag_s: float | None
     owned: bool | None  # a live member holds it; None when the group could not be described
+    # where the lag is measured from: the committed offset, or the reset position when the group
+    # has none here (`from_reset`); None when unknown
+    start_offset: int | None = None
+    from_reset: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -138,7 +157,7 @@ class GroupMeasurement:
 class HeadRead:
     """What the reader saw from a committed offset onwards (cached per partition and offset)."""
 
-    committed_offset: int
+    start_offset: int  # committed offset, or the reset position
     end_offset: int  # the LSO when it was read: a later read with the same end is identical
     first_timestamp_ms: int | None  # of the first visible record; None: none or no timestamp
     records: int  # visible records read
@@ -149,7 +168,7 @@ class HeadRead:
 @dataclasses.dataclass(frozen=True, slots=True)
 class HeadRequest:
     partition: int
-    committed_offset: int
+    start_offset: int
     end_offset: int
     want_records: int
 
@@ -158,7 +177,7 @@ def visible_lag(offsets_lag: int, head: HeadRead | None) -> int:
     """Records a read_committed consumer still has to read.
 
     The offset lag also counts commit markers and aborted records. When the reader reached the
-    end it knows the visible records exactly; in particular a consumer whose committed offset
+    end it knows the visible records exactly; in particular a consumer whose start offset
     points at a trailing commit marker (it committed position() right after the last record,
     before its fetcher stepped over the marker) has nothing left to read: lag 0, not 1.
     """
@@ -220,9 +239,7 @@ class HeadReader:
             return {}
         consumer = Consumer(self._consumer_config())
         try:
-            consumer.assign(
-                [TopicPartition(topic, r.partition, r.committed_offset) for r in requests]
-            )
+            consumer.assign([TopicPartition(topic, r.partition, r.start_offset) for r in requests])
             return self._collect(consumer, topic, {r.partition: r for r in requests})
         finally:
             consumer.close()
@@ -282,7 +299,7 @@ class HeadReader:
             ts_type, ts_ms = messages[0].timestamp()
             first_ts = None if ts_type == TIMESTAMP_NOT_AVAILABLE or ts_ms < 0 else ts_ms
         return HeadRead(
-            committed_offset=request.committed_offset,
+            start_offset=request.start_offset,
             end_offset=request.end_offset,
             first_timestamp_ms=first_ts,
             records=len(messages),
@@ -303,14 +320,20 @@ class LagMeasurer:
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         frames_of: FramesOf = wire_frames_of,
         monotonic: Callable[[], float] = time.monotonic,
+        offset_reset: str = DEFAULT_OFFSET_RESET,
     ) -> None:
         if read_records < 1:
-            raise MeasureError(f"read_records must be >= 1, got {read_records}")
+            raise ClientConfigError(f"read_records must be >= 1, got {read_records}")
+        if offset_reset not in OFFSET_RESETS:
+            raise ClientConfigError(
+                f"offset_reset must be one of {OFFSET_RESETS}, got {offset_reset!r}"
+            )
+        self.offset_reset = offset_reset
         client_config = quiet(client_config)
         try:
             self._admin = AdminClient(dict(client_config))
         except KafkaException as exc:  # e.g. an unknown property in --kafka-config
-            raise MeasureError(f"invalid Kafka client configuration: {_reason(exc)}") from exc
+            raise ClientConfigError(f"invalid Kafka client configuration: {_reason(exc)}") from exc
         self._timeout_s = timeout_s
         self._read_records = read_records
         self._monotonic = monotonic
@@ -327,9 +350,11 @@ class LagMeasurer:
         earliest = self.offsets(topic, partitions, OffsetSpec.earliest())
         end = self.offsets(topic, partitions, OffsetSpec.latest())
         state, members, owned = self.describe(group, topic)
-        heads = self._heads_for(topic, partitions, committed, end)
+        start = {p: self._start(committed.get(p), earliest.get(p), end.get(p)) for p in partitions}
+        heads = self._heads_for(topic, partitions, start, end)
         rows = tuple(
-            self._partition(p, committed, earliest, end, owned, heads, now_ms) for p in partitions
+            self._partition(p, committed, earliest, end, start, owned, heads, now_ms)
+            for p in partitions
         )
         poll_time_ms = (self._monotonic() - started) * 1000.0
         return GroupMeasurement(group, topic, now_ms, state, members, rows, poll_time_ms)
@@ -376,16 +401,29 @@ class LagMeasurer:
             offsets[tp.partition] = info.offset if info.offset >= 0 else None
         return offsets
 
+    def _start(self, committed: int | None, earliest: int | None, end: int | None) -> int | None:
+        """Where the group reads next: its committed offset, else its reset position."""
+        if committed is not None:
+            return committed
+        return earliest if self.offset_reset == "earliest" else end
+
     def describe(self, group: str, topic: str) -> tuple[str | None, int | None, set[int] | None]:
         """(state, member count, partitions of `topic` held by members); Nones when unknown.
 
+        A group the cluster does not know is DEAD with no members: Kafka 4.3 answers the classic
+        DescribeGroups that way, the consumer-protocol describe with GROUP_ID_NOT_FOUND.
         Some clusters (librdkafka's mock) cannot describe groups; lag is still measurable, so
         this degrades to unknown instead of failing the measurement.
         """
         futures = self._admin.describe_consumer_groups([group], request_timeout=self._timeout_s)
         try:
             description = futures[group].result(timeout=self._timeout_s)
-        except (KafkaException, TimeoutError):
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
+                return "DEAD", 0, set()
+            return None, None, None
+        except TimeoutError:
             return None, None, None
         owned = {
             tp.partition
@@ -399,13 +437,13 @@ class LagMeasurer:
         self,
         topic: str,
         partitions: Sequence[int],
-        committed: Mapping[int, int | None],
+        start: Mapping[int, int | None],
         end: Mapping[int, int | None],
     ) -> dict[int, HeadRead]:
         requests: list[HeadRequest] = []
         heads: dict[int, HeadRead] = {}
         for p in partitions:
-            c, e = committed.get(p), end.get(p)
+            c, e = start.get(p), end.get(p)
             if c is None or e is None or e <= c:
                 self._heads.pop((topic, p), None)
                 continue
@@ -419,8 +457,8 @@ class LagMeasurer:
             heads[p] = head
         return heads
 
-    def _still_valid(self, cached: HeadRead, committed: int, end: int) -> bool:
-        if cached.committed_offset != committed:
+    def _still_valid(self, cached: HeadRead, start: int, end: int) -> bool:
+        if cached.start_offset != start:
             return False
         return cached.end_offset == end or cached.records >= self._read_records
 
@@ -430,12 +468,13 @@ class LagMeasurer:
         committed: Mapping[int, int | None],
         earliest: Mapping[int, int | None],
         end: Mapping[int, int | None],
+        start: Mapping[int, int | None],
         owned: set[int] | None,
         heads: Mapping[int, HeadRead],
         now_ms: int,
     ) -> PartitionMeasurement:
-        c, e = committed.get(p), end.get(p)
-        lag = offset_lag(c, e)
+        c, e, s = committed.get(p), end.get(p), start.get(p)
+        lag = offset_lag(s, e)
         head = heads.get(p)
         t_lag = a_lag = None
         if lag is not None:
@@ -453,6 +492,8 @@ class LagMeasurer:
             time_lag_s=t_lag,
             audio_lag_s=a_lag,
             owned=None if owned is None else p in owned,
+            start_offset=s,
+            from_reset=c is None and s is not None,
         )
 
 

@@ -6,6 +6,9 @@
     print(report.status, report.total_lag, report.max_time_lag_s)
     monitor.close()
 
+One-shot use (a single `sample`) and the first `stuck_after` of a monitor's life are "young":
+there the evaluator's absolute thresholds and group rules stand in for the window rules.
+
 The clock is the caller's: `sample(now_ms)` stamps the measurement and evaluates at `now_ms`,
 so tests can drive minutes of window with an injected clock.
 """
@@ -16,7 +19,7 @@ from collections.abc import Mapping
 
 from lag.evaluator import EvaluatorConfig, LagWindows, PartitionId
 from lag.measure import LagMeasurer
-from lag.report import GroupReport, build_report, to_sample
+from lag.report import GroupReport, build_report, measured_rules, to_sample
 
 
 class LagMonitor:
@@ -36,6 +39,7 @@ class LagMonitor:
         self._owns_measurer = measurer is None
         self._measurer = measurer if measurer is not None else LagMeasurer(client_config)
         self._windows = LagWindows(config if config is not None else EvaluatorConfig())
+        self._first_sample_ms: int | None = None  # the group is young until stuck_after later
 
     def sample(self, now_ms: int) -> GroupReport:
         """Measure now, add the sample to each partition's window and evaluate at `now_ms`."""
@@ -46,7 +50,12 @@ class LagMonitor:
             self._windows.observe(key, to_sample(measured, now_ms))
         sizes = {key: len(self._windows.window(key)) for key in keys}
         verdicts = self._windows.evaluate(now_ms)
-        return build_report(measurement, verdicts, sizes, self._windows.complete())
+        if self._first_sample_ms is None:
+            self._first_sample_ms = now_ms
+        config = self._windows.config
+        young = now_ms - self._first_sample_ms < config.stuck_after_ms
+        rules = measured_rules(measurement, young, config)
+        return build_report(measurement, verdicts, sizes, self._windows.complete(), rules)
 
     def close(self) -> None:
         if self._owns_measurer:

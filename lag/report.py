@@ -10,12 +10,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from lag.evaluator import (
+    EvaluatorConfig,
+    GroupRule,
     GroupStatus,
     PartitionId,
     PartitionStatus,
     Rule,
     Sample,
     Verdict,
+    group_rules,
     group_status,
 )
 from lag.measure import GroupMeasurement, PartitionMeasurement
@@ -30,7 +33,7 @@ class PartitionReport:
     committed_offset: int | None
     earliest_offset: int | None
     end_offset: int | None  # last stable offset
-    lag: int | None  # records, end_offset - committed_offset clamped at 0
+    lag: int | None  # records, end_offset - start_offset clamped at 0
     time_lag_s: float | None
     audio_lag_s: float | None
     owned: bool | None
@@ -38,6 +41,8 @@ class PartitionReport:
     rule: Rule
     idle_ms: int | None  # time since the committed offset last changed, as far as the window sees
     samples: int  # samples in the partition's window
+    start_offset: int | None = None  # where the lag is measured from (committed, else reset)
+    from_reset: bool = False  # no committed offset: measured from the reset position
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,6 +58,21 @@ class GroupReport:
     partitions: tuple[PartitionReport, ...]
     poll_time_ms: float
     complete: float  # fraction of partitions with a full window (Burrow)
+    rules: tuple[GroupRule, ...] = ()  # group rules that hold (lag.evaluator); any: ERR
+
+    @property
+    def exists(self) -> bool:
+        """False when the cluster does not know the group at all."""
+        return GroupRule.GROUP_NOT_FOUND not in self.rules
+
+    @property
+    def drained(self) -> bool:
+        """Every partition with data committed to its end.
+
+        A partition the group never committed on counts with its lag from the reset position,
+        so one that holds records is not drained; an unknown lag is not drained either.
+        """
+        return all(p.lag == 0 for p in self.partitions)
 
     @property
     def total_lag(self) -> int | None:
@@ -84,6 +104,14 @@ def _max(values: Any) -> Any:
     return max(known) if known else None
 
 
+def measured_rules(
+    measurement: GroupMeasurement, young: bool, config: EvaluatorConfig
+) -> tuple[GroupRule, ...]:
+    """The group rules for a measurement (its latest sample of every partition)."""
+    samples = [to_sample(m, measurement.observed_at_ms) for m in measurement.partitions]
+    return group_rules(measurement.state, measurement.member_count, samples, young, config)
+
+
 def to_sample(measured: PartitionMeasurement, observed_at_ms: int) -> Sample:
     return Sample(
         observed_at_ms=observed_at_ms,
@@ -101,6 +129,7 @@ def build_report(
     verdicts: Mapping[PartitionId, Verdict],
     window_sizes: Mapping[PartitionId, int],
     complete: float,
+    rules: tuple[GroupRule, ...] = (),
 ) -> GroupReport:
     rows = tuple(
         _partition_report(measurement.topic, m, verdicts, window_sizes)
@@ -110,12 +139,13 @@ def build_report(
         group=measurement.group,
         topic=measurement.topic,
         observed_at_ms=measurement.observed_at_ms,
-        status=group_status(r.status for r in rows),
+        status=group_status((r.status for r in rows), rules),
         state=measurement.state,
         member_count=measurement.member_count,
         partitions=rows,
         poll_time_ms=measurement.poll_time_ms,
         complete=complete,
+        rules=rules,
     )
 
 
@@ -141,6 +171,8 @@ def _partition_report(
         rule=verdict.rule,
         idle_ms=verdict.idle_ms,
         samples=window_sizes.get(key, 0),
+        start_offset=m.start_offset,
+        from_reset=m.from_reset,
     )
 
 
@@ -151,6 +183,9 @@ def to_dict(report: GroupReport) -> dict[str, Any]:
         "topic": report.topic,
         "observed_at_ms": report.observed_at_ms,
         "status": report.status.value,
+        "rules": [rule.value for rule in report.rules],
+        "exists": report.exists,
+        "drained": report.drained,
         "state": report.state,
         "member_count": report.member_count,
         "total_lag": report.total_lag,
@@ -180,23 +215,46 @@ def _cell(value: int | float | None) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+FROM_RESET_MARK = "*"
+RULE_TEXT: Mapping[GroupRule, str] = {
+    GroupRule.GROUP_NOT_FOUND: "the group does not exist on the cluster (no members, no offsets)",
+    GroupRule.EMPTY_WITH_LAG: "the group has no members while records wait",
+    GroupRule.NEVER_COMMITTED: "the group has never committed while its topic has data",
+}
+
+
 def _row(p: PartitionReport) -> tuple[str, ...]:
-    values = (p.partition, p.committed_offset, p.end_offset, p.lag, p.time_lag_s, p.audio_lag_s)
-    return (*(_cell(v) for v in values), p.status.value)
+    lag = _cell(p.lag) + (FROM_RESET_MARK if p.from_reset and p.lag is not None else "")
+    values = (p.partition, p.committed_offset, p.end_offset)
+    return (
+        *(_cell(v) for v in values),
+        lag,
+        _cell(p.time_lag_s),
+        _cell(p.audio_lag_s),
+        p.status.value,
+    )
 
 
 def format_table(report: GroupReport) -> str:
-    """A fixed-width table, one row per partition, then the group status line."""
+    """A fixed-width table, one row per partition, a note on lags measured from the reset
+    position, then the group status line."""
     rows = [_COLUMNS, *(_row(p) for p in report.partitions)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    if any(p.from_reset and p.lag is not None for p in report.partitions):
+        lines.append(
+            f"{FROM_RESET_MARK} no committed offset: lag measured from the reset position "
+            "(auto.offset.reset; earliest = the log start offset)"
+        )
     return "\n".join([*lines, status_line(report)])
 
 
 def status_line(report: GroupReport) -> str:
     members = "?" if report.member_count is None else str(report.member_count)
+    rules = "; ".join(RULE_TEXT[rule] for rule in report.rules)
+    rules = f": {rules}" if rules else ""
     return (
-        f"group {report.group} on {report.topic}: {report.status.value} "
+        f"group {report.group} on {report.topic}: {report.status.value}{rules} "
         f"(state {report.state or '?'}, {members} members, total lag {_cell(report.total_lag)}, "
         f"max time lag {_cell(report.max_time_lag_s)} s, "
         f"audio lag {_cell(report.total_audio_lag_s)} s, window {report.complete:.0%} full)"

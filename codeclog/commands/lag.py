@@ -12,46 +12,61 @@ from typing import TYPE_CHECKING
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
 from codeclog.errors import CodeclogError
-from lag.evaluator import EvaluatorConfig, GroupStatus
+from lag.evaluator import EvaluatorConfig, GroupStatus, LagConfigError
 
 if TYPE_CHECKING:  # the runtime imports are local: `codeclog --help` need not load librdkafka
     from lag.monitor import LagMonitor
     from lag.report import GroupReport
 
 DEFAULT_GROUP = "codeclog-vocoder"  # the vocoder consumer's default group.id
-EXIT_UNMEASURED = 3  # like Nagios UNKNOWN: 1 and 2 are WARN and ERR under --check
-CHECK_EXIT = {GroupStatus.OK: 0, GroupStatus.WARN: 1, GroupStatus.ERR: 2}
+EXIT_OK = 0
+EXIT_FAILURE = 1  # --check: not OK; or the lag could not be measured (cluster, topic)
+EXIT_USAGE = 2  # bad arguments or configuration (argparse uses 2 as well)
+OFFSET_RESETS = ("earliest", "latest")  # lag.measure.OFFSET_RESETS (not imported: librdkafka)
 
 LAG_DESCRIPTION = """\
 Show how far a consumer group is behind on the codec chunk topic, per partition:
   committed    the group's committed offset (next record to consume)
   LSO          the last stable offset: the end a read_committed consumer can reach, so a fully
                consumed transactional topic shows lag 0, not 1 (the commit marker)
-  lag          records between the two
+  lag          records between the two; "4*": the group has no committed offset there, so the
+               lag is measured from the reset position (--offset-reset; earliest, as the
+               vocoder consumer uses: the log start offset), never hidden as "-"
   time lag s   age of the record at the committed offset (read from the log, not interpolated)
   audio lag s  seconds of codec frames not yet vocoded (40 ms a frame): exact when the reader
                reaches the end, else the mean of the first --read-records records x lag
-  status       OK, WARN, STOP, STALL or REWIND, Burrow's rules over a window of samples:
-               STOP   no progress for --stuck-after seconds, lag > 0, nobody holds the partition
-               STALL  no progress for --stuck-after seconds while a live member holds it
-               REWIND the committed offset went back and has not recovered
-               WARN   lag grew by more than --warn-growth over >= --warn-samples samples
-The group is ERR if any partition is STOP, STALL or REWIND, WARN if any is WARN, else OK.
+  status       OK, WARN, STOP, STALL, REWIND or LAGGING; Burrow's rules over a window:
+               STOP    no progress for --stuck-after seconds, lag > 0, nobody holds it
+               STALL   no progress for --stuck-after seconds while a live member holds it
+               REWIND  the committed offset went back and has not recovered
+               WARN    lag grew by more than --warn-growth over >= --warn-samples samples
+               LAGGING time lag > --max-time-lag or audio lag > --max-audio-lag while the
+                       window is young (below)
 
-A group that never committed an offset shows "-" (unknown), not 0; the group line shows its
-state and member count, so a vocoder that never started (state DEAD, 0 members) is visible.
+A window needs --stuck-after seconds to tell a stopped consumer from a live one. Until then
+(always for a one-shot `codeclog lag` or `--check`, and for the first --stuck-after seconds
+of --watch) absolute rules stand in: LAGGING above, and the group rules
+  the group does not exist    the cluster does not know the group id (no members, no offsets)
+  no members while records wait                 (checked at every sample, not only when young)
+  never committed while its topic has data
+The defaults are sized for real-time speech: a listener's playback buffer holds about a second,
+so a chunk 3 s old is an audible gap, and 5 s of speech waiting on one partition is more than
+its sessions produce during one normal consumer step (demo: chunk latency p99 1.7 s).
 
-Statuses other than OK need a window: one sample can only say "lag". Take several with
---samples N (--interval S apart) or keep watching with --watch.
+The group is ERR if any partition is STOP, STALL, REWIND or LAGGING or a group rule holds,
+WARN if any partition is WARN, else OK. The group line shows its state and member count.
 """
 
 LAG_EPILOG = """\
-exit status: 0; with --check 0 OK, 1 WARN, 2 ERR; 3 when the lag could not be measured.
+exit status: 0 OK; 1 with --check when the group is not OK (WARN or ERR: every case above),
+or when the lag could not be measured (cluster unreachable, topic missing); 2 usage or
+configuration errors. Without --check a measured lag exits 0 whatever its status.
 
 examples:
   codeclog lag                                   # the vocoder group on codec.chunks, once
+  codeclog lag --check                           # one sample: absolute rules, exit 0 or 1
   codeclog lag --watch --interval 2              # a fresh table every 2 s (Ctrl-C stops)
-  codeclog lag --check --samples 10 --interval 4 # a 36 s health check for scripts / cron
+  codeclog lag --check --samples 10 --interval 4 # a 36 s health check with the window rules
   codeclog lag --group my-group --json           # machine-readable (null = unknown)
 """
 
@@ -96,9 +111,7 @@ def _register_lag(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument("--json", action="store_true", help="print JSON (one object per sample)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--watch", action="store_true", help="keep sampling until interrupted")
-    mode.add_argument(
-        "--check", action="store_true", help="exit 0 OK, 1 WARN, 2 ERR (group status)"
-    )
+    mode.add_argument("--check", action="store_true", help="exit 0 when the group is OK, else 1")
     parser.add_argument(
         "--samples",
         type=_positive_int,
@@ -158,6 +171,13 @@ def _add_sampling_args(parser: argparse.ArgumentParser, default_interval_s: floa
         metavar="K",
         help="records decoded per lagging partition for the audio lag (default %(default)s)",
     )
+    parser.add_argument(
+        "--offset-reset",
+        choices=OFFSET_RESETS,
+        default="earliest",
+        help="where the group starts on a partition without a committed offset, its "
+        "auto.offset.reset; lag there is measured from it (default earliest, as the vocoder)",
+    )
     _add_rule_args(parser)
     add_kafka_args(parser)
     parser.add_argument(
@@ -172,7 +192,7 @@ def _add_sampling_args(parser: argparse.ArgumentParser, default_interval_s: floa
 def _add_rule_args(parser: argparse.ArgumentParser) -> None:
     rules = parser.add_argument_group("evaluator (Burrow-style rules)")
     defaults = EvaluatorConfig()
-    options: list[tuple[str, type, object, str, str]] = [
+    options: list[tuple[str, Callable[[str], object], object, str, str]] = [
         ("--window", int, defaults.window_samples, "N", "samples kept per partition"),
         ("--allowed-lag", int, defaults.allowed_lag, "N", "lag at or below this is OK"),
         (
@@ -184,6 +204,20 @@ def _add_rule_args(parser: argparse.ArgumentParser) -> None:
         ),
         ("--warn-growth", int, defaults.warn_growth_records, "N", "WARN when lag grows by > N"),
         ("--warn-samples", int, defaults.warn_min_samples, "K", "... over at least K samples"),
+        (
+            "--max-time-lag",
+            _non_negative_float,
+            defaults.max_time_lag_s,
+            "S",
+            "young window / one-shot: LAGGING when the oldest waiting chunk is older than S",
+        ),
+        (
+            "--max-audio-lag",
+            _non_negative_float,
+            defaults.max_audio_lag_s,
+            "S",
+            "young window / one-shot: LAGGING when more than S seconds of audio wait",
+        ),
     ]
     for flag, kind, default, metavar, text in options:
         rules.add_argument(
@@ -198,6 +232,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -208,14 +249,22 @@ def _positive_float(text: str) -> float:
 def _guarded(
     name: str, func: Callable[[argparse.Namespace], int]
 ) -> Callable[[argparse.Namespace], int]:
-    """Errors a user can cause become one sentence on stderr and exit status 3."""
+    """Errors a user can cause become one sentence on stderr: exit 2 for usage and
+    configuration errors, 1 for the rest (the cluster, the topic, the port)."""
 
     def run(args: argparse.Namespace) -> int:
+        from lag.exporter import MetricsUnavailableError  # librdkafka: only when a command runs
+        from lag.measure import ClientConfigError
+
+        usage = (ConfigError, LagConfigError, ClientConfigError, MetricsUnavailableError)
         try:
             return func(args)
-        except (CodeclogError, ConfigError) as exc:
+        except usage as exc:
             print(f"codeclog {name}: {exc}", file=sys.stderr)
-            return EXIT_UNMEASURED
+            return EXIT_USAGE
+        except CodeclogError as exc:
+            print(f"codeclog {name}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
         except BrokenPipeError:  # `codeclog lag --watch | head`: the reader left, not an error
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
@@ -230,6 +279,8 @@ def evaluator_config(args: argparse.Namespace) -> EvaluatorConfig:
         stuck_after_ms=round(args.stuck_after * 1000),
         warn_growth_records=args.warn_growth,
         warn_min_samples=args.warn_samples,
+        max_time_lag_s=args.max_time_lag,
+        max_audio_lag_s=args.max_audio_lag,
     )
 
 
@@ -244,7 +295,12 @@ def _run_lag(args: argparse.Namespace) -> int:
     config = evaluator_config(args)
     client = kafka_client_config(args)
     topic = args.topic or topics_config(args).chunks
-    measurer = LagMeasurer(client, read_records=args.read_records, timeout_s=args.timeout_s)
+    measurer = LagMeasurer(
+        client,
+        read_records=args.read_records,
+        timeout_s=args.timeout_s,
+        offset_reset=args.offset_reset,
+    )
     monitor = LagMonitor(client, args.group, topic, config=config, measurer=measurer)
     try:
         return _sample_loop(args, monitor)
@@ -268,7 +324,9 @@ def _sample_loop(args: argparse.Namespace, monitor: LagMonitor) -> int:
     assert report is not None
     if not args.watch:
         _print_report(args, report)
-    return CHECK_EXIT[report.status] if args.check else 0
+    if args.check and report.status is not GroupStatus.OK:
+        return EXIT_FAILURE
+    return EXIT_OK
 
 
 def _print_report(args: argparse.Namespace, report: GroupReport) -> None:
@@ -292,7 +350,12 @@ def _run_exporter(args: argparse.Namespace) -> int:
     client = kafka_client_config(args)
     topic = args.topic or topics_config(args).chunks
     groups = list(dict.fromkeys(args.groups or [DEFAULT_GROUP]))
-    measurer = LagMeasurer(client, read_records=args.read_records, timeout_s=args.timeout_s)
+    measurer = LagMeasurer(
+        client,
+        read_records=args.read_records,
+        timeout_s=args.timeout_s,
+        offset_reset=args.offset_reset,
+    )
     monitors = [LagMonitor(client, g, topic, config=config, measurer=measurer) for g in groups]
     collector = LagCollector(args.cluster_name)
     port = serve(collector, args.port, args.address)
@@ -306,7 +369,7 @@ def _run_exporter(args: argparse.Namespace) -> int:
         sample_all(monitors, collector, wall_clock_ms(), _progress)
         rounds += 1
     measurer.close()
-    return 0
+    return EXIT_OK
 
 
 def _progress(line: str) -> None:

@@ -15,7 +15,8 @@ from consumers.fold.machine import Policy
 EPILOG = """\
 Exit codes: 0 every window of the offline replay appears exactly once on the audio topic with
 the same bytes (or, for audio written in another determinism domain, within the numeric
-bound); 1 something is missing, duplicated, unexpected, different or corrupt; 2 usage error.
+bound); 1 something is missing, duplicated, unexpected, different or corrupt, or the group of
+--group is not drained; 2 usage error.
 
 Comparison: every audio record names the determinism domain that decoded it (torch release,
 kernels, CPU vendor and ISA or GPU model). A window written in the replay's own domain must be
@@ -28,7 +29,10 @@ sha256 field are reported as corrupt.
 
 It replays the whole chunk topic offline (same fold, same vocoder) and reads the audio topic
 with read_committed, so run it when the consumer is idle (after `codeclog vocode
---exit-when-idle`, or on a quiet stack).
+--exit-when-idle`, or on a quiet stack). With --group it first waits (up to --drain-timeout
+seconds) until that consumer group is drained: every partition of the chunk topic with data
+committed to its end, partitions it never committed on included (not `codeclog lag --check`
+OK, which a consumer a few records behind also passes).
 """
 
 
@@ -69,7 +73,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--policy", choices=[p.value for p in Policy], default=Policy.TOLERANT.value
     )
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
+    parser.add_argument(
+        "--group",
+        help="first wait until this consumer group is drained (e.g. codeclog-vocoder)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how long to wait for --group to drain (default %(default)s)",
+    )
     parser.set_defaults(func=run)
+
+
+def _not_drained(
+    client_config: dict[str, str], group: str, topic: str, timeout_s: float
+) -> str | None:
+    """None once `group` is drained on `topic`, else one sentence saying why not."""
+    from lag.drain import undrained, wait_drained
+    from lag.measure import MeasureError
+
+    try:
+        report = wait_drained(client_config, group, topic, max(0.0, timeout_s))
+    except MeasureError as exc:
+        return f"cannot tell whether group {group} is drained: {exc}"
+    if report.drained:
+        return None
+    return f"group {group} is not drained after {timeout_s:g} s: " + "; ".join(undrained(report))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"codeclog verify: {exc}", file=sys.stderr)
         return 2
+    if args.group is not None:
+        problem = _not_drained(client_config, args.group, topics.chunks, args.drain_timeout)
+        if problem is not None:
+            print(f"codeclog verify: {problem}", file=sys.stderr)
+            return 1
     from consumers.audio_compare import Bound
     from consumers.verify import verify
 

@@ -19,6 +19,7 @@ SERVICES = {
     "vocoder-gpu",
     "lag-exporter",
     "prometheus",
+    "grafana",
     "alertmanager",
 }
 

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lag.exporter import HELP
 
@@ -61,8 +62,54 @@ def test_required_alerts_exist() -> None:
         "CodeclogConsumerRewound",
         "CodeclogLagMetricsAbsent",
         "CodeclogAudioLagHigh",
+        "CodeclogConsumerGroupEmpty",
     ):
         assert required in alerts
+
+
+def _seconds(duration: str) -> float:
+    match = re.fullmatch(r"(\d+)(s|m)", duration)
+    assert match, duration
+    return int(match[1]) * (60 if match[2] == "m" else 1)
+
+
+def test_listener_alerts_page_within_half_a_minute() -> None:
+    """Audio lag and an empty group page within the time a listener tolerates: the exporter's
+    sampling interval + the scrape interval + the group's evaluation interval + `for:`."""
+    rules = yaml.safe_load((PROM_DIR / "alerts.yml").read_text())
+    listener = next(g for g in rules["groups"] if g["name"] == "codeclog-listener")
+    alerts = {rule["alert"]: rule for rule in listener["rules"]}
+    assert {"CodeclogAudioLagHigh", "CodeclogConsumerGroupEmpty"} <= set(alerts)
+    assert all(rule["labels"]["severity"] == "page" for rule in alerts.values())
+    prometheus = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
+    job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "codeclog-lag")
+    compose = yaml.safe_load((PROM_DIR.parents[1] / "docker-compose.yml").read_text())
+    command = compose["services"]["lag-exporter"]["command"]
+    sampling = float(command[command.index("--interval") + 1])
+    for name, rule in alerts.items():
+        delay = (
+            sampling
+            + _seconds(job["scrape_interval"])
+            + _seconds(listener["interval"])
+            + _seconds(rule["for"])
+        )
+        assert delay <= 30, f"{name}: up to {delay:g} s from a stall to the page"
+
+
+def test_empty_group_alert_counts_lag_measured_from_the_reset_position() -> None:
+    """kafka_consumergroup_group_sum_lag includes partitions the group never committed on
+    (lag.exporter); a rule on the committed offsets would miss a group that never started."""
+    text = (PROM_DIR / "alerts.yml").read_text()
+    rules = yaml.safe_load(text)
+    empty = next(
+        rule
+        for group in rules["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == "CodeclogConsumerGroupEmpty"
+    )
+    assert "codeclog_group_members" in empty["expr"]
+    assert "kafka_consumergroup_group_sum_lag" in empty["expr"]
+    assert "group_offset" not in empty["expr"]
 
 
 def test_rules_use_only_exported_metrics() -> None:

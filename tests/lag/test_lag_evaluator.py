@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from lag.evaluator import (
     RULE_STATUS,
     EvaluatorConfig,
+    GroupRule,
     GroupStatus,
     LagConfigError,
     LagWindows,
@@ -19,6 +20,7 @@ from lag.evaluator import (
     Rule,
     Sample,
     evaluate_partition,
+    group_rules,
     group_status,
 )
 
@@ -42,6 +44,12 @@ def window(
         end = None if offset is None or lag is None else offset + lag
         samples.append(Sample.from_offsets(T0_MS + i * STEP_MS, offset, end, owned=owned))
     return samples
+
+
+def with_lags(samples: list[Sample], time_s: float | None, audio_s: float | None) -> list[Sample]:
+    """The same window, the latest sample with the given time and audio lag."""
+    last = dataclasses.replace(samples[-1], time_lag_s=time_s, audio_lag_s=audio_s)
+    return [*samples[:-1], last]
 
 
 def now_after(samples: list[Sample], extra_ms: int = 0) -> int:
@@ -137,6 +145,34 @@ CASES = [
         Rule.NOT_GROWING,
     ),
     Case("not_growing_steady_lag", window([100, 150, 200, 250, 300], [50] * 5), Rule.NOT_GROWING),
+    # absolute thresholds (max_time_lag_s 3, max_audio_lag_s 5) while the window is young
+    Case("time_lag_above_one_shot", with_lags(window([100], [4]), 3.5, 1.0), Rule.TIME_LAG_ABOVE),
+    Case(
+        "time_lag_above_first_samples",
+        with_lags(window([100, 100, 100], [2, 3, 4]), 9.0, 4.0),
+        Rule.TIME_LAG_ABOVE,
+    ),
+    Case(
+        "time_lag_above_a_never_committed_partition",
+        with_lags([Sample(T0_MS, None, 7, 7)], 12.0, 7.0),
+        Rule.TIME_LAG_ABOVE,
+    ),
+    Case(
+        "time_lag_above_before_lag_was_zero",
+        with_lags(window([100, 100], [0, 6]), 4.0, 6.0),
+        Rule.TIME_LAG_ABOVE,
+    ),
+    Case(
+        "time_lag_at_threshold_is_not_above",
+        with_lags(window([100], [3]), 3.0, 5.0),
+        Rule.NOT_GROWING,
+    ),
+    Case("audio_lag_above_one_shot", with_lags(window([100], [6]), 0.5, 6.0), Rule.AUDIO_LAG_ABOVE),
+    Case(
+        "thresholds_only_while_young",
+        with_lags(window([100, 110, 120, 130], [10, 10, 10, 10]), 30.0, 60.0),
+        Rule.NOT_GROWING,
+    ),
 ]
 
 
@@ -158,6 +194,7 @@ GROUP_CASES = [
     ("group_err_stop", [PartitionStatus.WARN, PartitionStatus.STOP], GroupStatus.ERR),
     ("group_err_stall", [PartitionStatus.STALL, PartitionStatus.OK], GroupStatus.ERR),
     ("group_err_rewind", [PartitionStatus.OK, PartitionStatus.REWIND], GroupStatus.ERR),
+    ("group_err_lagging", [PartitionStatus.OK, PartitionStatus.LAGGING], GroupStatus.ERR),
 ]
 
 
@@ -174,18 +211,114 @@ BAD_CONFIGS = [
     ("negative_stuck_after", {"stuck_after_ms": -1}),
     ("warn_samples_above_window", {"window_samples": 5, "warn_min_samples": 6}),
     ("warn_samples_below_two", {"warn_min_samples": 1}),
+    ("negative_max_time_lag", {"max_time_lag_s": -1}),
+    ("nan_max_audio_lag", {"max_audio_lag_s": float("nan")}),
 ]
 
 
 @pytest.mark.parametrize(("name", "changes"), BAD_CONFIGS, ids=[c[0] for c in BAD_CONFIGS])
-def test_config_refuses(name: str, changes: dict[str, int]) -> None:
+def test_config_refuses(name: str, changes: dict[str, float]) -> None:
     with pytest.raises(LagConfigError):
         EvaluatorConfig(**changes)
 
 
 def test_status_values_are_stable() -> None:
-    assert [s.value for s in PartitionStatus] == ["OK", "WARN", "STOP", "STALL", "REWIND"]
+    statuses = [s.value for s in PartitionStatus]
+    assert statuses == ["OK", "WARN", "STOP", "STALL", "REWIND", "LAGGING"]
     assert [s.value for s in GroupStatus] == ["OK", "WARN", "ERR"]
+
+
+def test_absolute_defaults_are_sized_for_real_time_speech() -> None:
+    defaults = EvaluatorConfig()
+    assert (defaults.max_time_lag_s, defaults.max_audio_lag_s) == (3.0, 5.0)
+
+
+def test_windows_stay_young_for_stuck_after_then_leave_it_to_the_window_rules() -> None:
+    """LagWindows remembers when it first saw a partition: a window shorter than stuck_after
+    does not make an old partition young again."""
+    config = dataclasses.replace(CONFIG, window_samples=2, warn_min_samples=2)
+    windows = LagWindows(config)
+    key = PartitionId("codec.chunks", 0)
+    rules = []
+    for i in range(5):  # progressing, always 10 records and 20 s behind
+        sample = Sample(T0_MS + i * STEP_MS, 100 + i, 110 + i, 10, time_lag_s=20.0)
+        windows.observe(key, sample)
+        rules.append(windows.evaluate(T0_MS + i * STEP_MS)[key].rule)
+    assert rules[:3] == [Rule.TIME_LAG_ABOVE] * 3
+    assert rules[3:] == [Rule.NOT_GROWING] * 2
+
+
+def latest(committed: int | None, lag: int | None) -> Sample:
+    end = None if lag is None else (committed or 0) + lag
+    return Sample(T0_MS, committed, end, lag)
+
+
+GROUP_RULE_CASES = [
+    ("healthy", "STABLE", 1, [latest(10, 0), latest(5, 2)], True, ()),
+    ("not_found_empty_topic", "DEAD", 0, [latest(None, 0)], True, (GroupRule.GROUP_NOT_FOUND,)),
+    (
+        "not_found_with_waiting_input",
+        "DEAD",
+        0,
+        [latest(None, 4), latest(None, 0)],
+        False,
+        (GroupRule.GROUP_NOT_FOUND, GroupRule.EMPTY_WITH_LAG),
+    ),
+    ("dead_but_offsets_kept", "DEAD", 0, [latest(10, 0)], True, ()),
+    (
+        "empty_with_lag",
+        "EMPTY",
+        0,
+        [latest(10, 0), latest(5, 3)],
+        False,
+        (GroupRule.EMPTY_WITH_LAG,),
+    ),
+    ("empty_caught_up", "EMPTY", 0, [latest(10, 0)], True, ()),
+    (
+        "never_committed_young",
+        "STABLE",
+        1,
+        [latest(None, 76), latest(None, 0)],
+        True,
+        (GroupRule.NEVER_COMMITTED,),
+    ),
+    ("never_committed_left_to_the_window_rules", "STABLE", 1, [latest(None, 76)], False, ()),
+    (
+        "crashed_at_start",
+        "EMPTY",
+        0,
+        [latest(None, 76)],
+        True,
+        (GroupRule.EMPTY_WITH_LAG, GroupRule.NEVER_COMMITTED),
+    ),
+    ("never_committed_no_data", "STABLE", 1, [latest(None, 0)], True, ()),
+    ("unknown_state_and_members", None, None, [latest(3, 9)], True, ()),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "state", "members", "samples", "young", "expected"),
+    GROUP_RULE_CASES,
+    ids=[c[0] for c in GROUP_RULE_CASES],
+)
+def test_group_rules(
+    name: str,
+    state: str | None,
+    members: int | None,
+    samples: list[Sample],
+    young: bool,
+    expected: tuple[GroupRule, ...],
+) -> None:
+    assert group_rules(state, members, samples, young, CONFIG) == expected
+
+
+def test_every_group_rule_has_a_case() -> None:
+    assert {rule for case in GROUP_RULE_CASES for rule in case[5]} == set(GroupRule)
+
+
+def test_any_group_rule_makes_the_group_err() -> None:
+    assert group_status([PartitionStatus.OK], [GroupRule.EMPTY_WITH_LAG]) is GroupStatus.ERR
+    assert group_status([PartitionStatus.OK], []) is GroupStatus.OK
 
 
 def test_stopped_group_lag_keeps_rising_and_turns_stop() -> None:
@@ -296,12 +429,18 @@ def test_property_recently_caught_up_never_stop_stall_or_warn(
 ) -> None:
     verdict = evaluate_partition(samples, now_after(samples, extra_ms), CONFIG)
     if any(s.lag is not None and s.lag <= CONFIG.allowed_lag for s in samples):
+        # LAGGING judges the latest time and audio lag only (absent here, from offsets alone)
         assert verdict.status in {PartitionStatus.OK, PartitionStatus.REWIND}
 
 
 @given(st.lists(st.sampled_from(list(PartitionStatus)), max_size=20))
 def test_property_group_is_worst_partition(statuses: list[PartitionStatus]) -> None:
-    errors = {PartitionStatus.STOP, PartitionStatus.STALL, PartitionStatus.REWIND}
+    errors = {
+        PartitionStatus.STOP,
+        PartitionStatus.STALL,
+        PartitionStatus.REWIND,
+        PartitionStatus.LAGGING,
+    }
     result = group_status(statuses)
     if errors & set(statuses):
         assert result is GroupStatus.ERR

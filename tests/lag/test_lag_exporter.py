@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lag.evaluator import GroupStatus, PartitionStatus, Rule
+from lag.evaluator import GroupRule, GroupStatus, PartitionStatus, Rule
 from lag.exporter import HELP, LagCollector, report_series
 from lag.report import GroupReport, PartitionReport
 
@@ -33,7 +33,12 @@ def partition(number: int, **changes: object) -> PartitionReport:
     return PartitionReport(**values)  # type: ignore[arg-type]
 
 
-def report(group: str, *partitions: PartitionReport, members: int | None = 1) -> GroupReport:
+def report(
+    group: str,
+    *partitions: PartitionReport,
+    members: int | None = 1,
+    rules: tuple[GroupRule, ...] = (),
+) -> GroupReport:
     return GroupReport(
         group=group,
         topic="codec.chunks",
@@ -44,6 +49,7 @@ def report(group: str, *partitions: PartitionReport, members: int | None = 1) ->
         partitions=partitions,
         poll_time_ms=12.5,
         complete=0.5,
+        rules=rules,
     )
 
 
@@ -81,7 +87,14 @@ def test_partition_status_is_one_hot() -> None:
     status = {
         dict(k)["status"]: v for k, v in values_of(series, "codeclog_partition_status").items()
     }
-    assert status == {"OK": 0.0, "WARN": 0.0, "STOP": 0.0, "STALL": 1.0, "REWIND": 0.0}
+    assert status == {
+        "OK": 0.0,
+        "WARN": 0.0,
+        "STOP": 0.0,
+        "STALL": 1.0,
+        "REWIND": 0.0,
+        "LAGGING": 0.0,
+    }
     group = {dict(k)["status"]: v for k, v in values_of(series, "codeclog_group_status").items()}
     assert group == {"OK": 1.0, "WARN": 0.0, "ERR": 0.0}
 
@@ -151,3 +164,37 @@ def test_failed_measurement_drops_series_and_counts() -> None:
 def test_offsets_exported_exactly(value: int) -> None:
     series = report_series("c", [report("g", partition(0, committed_offset=value))])
     assert list(values_of(series, "kafka_consumergroup_group_offset").values()) == [float(value)]
+
+
+def test_never_committed_partitions_export_their_lag_from_the_reset_position() -> None:
+    """Lag, time lag and audio lag of a partition without a committed offset are series, with
+    codeclog_partition_lag_from_reset saying where they were measured from; the committed offset
+    itself stays absent."""
+    fresh = partition(
+        2,
+        committed_offset=None,
+        start_offset=0,
+        from_reset=True,
+        lag=4,
+        time_lag_s=118.88,
+        audio_lag_s=4.0,
+        status=PartitionStatus.LAGGING,
+        rule=Rule.TIME_LAG_ABOVE,
+    )
+    series = report_series("c", [report("g", partition(0), fresh, members=0)])
+    labels = (("cluster_name", "c"), ("group", "g"), ("topic", "codec.chunks"), ("partition", "2"))
+    assert values_of(series, "kafka_consumergroup_group_lag")[labels] == 4.0
+    assert values_of(series, "kafka_consumergroup_group_lag_seconds")[labels] == 118.88
+    assert values_of(series, "codeclog_audio_lag_seconds")[labels] == 4.0
+    assert labels not in values_of(series, "kafka_consumergroup_group_offset")
+    from_reset = values_of(series, "codeclog_partition_lag_from_reset")
+    assert from_reset[labels] == 1.0
+    assert from_reset[(*labels[:3], ("partition", "0"))] == 0.0
+    group = (("cluster_name", "c"), ("group", "g"))
+    assert values_of(series, "kafka_consumergroup_group_sum_lag") == {group: 34.0}
+
+
+def test_group_rules_are_one_series_each() -> None:
+    series = report_series("c", [report("g", partition(0), rules=(GroupRule.EMPTY_WITH_LAG,))])
+    rules = {dict(k)["rule"]: v for k, v in values_of(series, "codeclog_group_rule").items()}
+    assert rules == {"group_not_found": 0.0, "empty_with_lag": 1.0, "never_committed": 0.0}

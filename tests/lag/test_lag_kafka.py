@@ -1,4 +1,5 @@
-"""Lag monitoring on the real local broker: STOP, recovery, REWIND, transactional LSO, exporter.
+"""Lag monitoring on the real local broker: STOP, recovery, REWIND, transactional LSO, exporter,
+partitions without commits, groups that never started or do not exist.
 
 The consumer under watch is a plain confluent-kafka consumer committing offsets on a chunk topic
 filled with CodecChunk records (schemas.wire, 25 new frames = 1 s of audio each). The monitor's
@@ -19,7 +20,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog import cli
-from lag.evaluator import EvaluatorConfig, GroupStatus, PartitionStatus, Rule
+from lag.evaluator import EvaluatorConfig, GroupRule, GroupStatus, PartitionStatus, Rule
 from lag.exporter import LagCollector, sample_all, serve
 from lag.monitor import LagMonitor
 from schemas import wire
@@ -133,7 +134,10 @@ def test_stopped_consumer_turns_stop_with_rising_lags_then_recovers(
         assert all(r.time_lag_s is not None for r in rows) and times == sorted(times)
         assert times[-1] - times[0] >= 3.5 * STEP_MS / 1000  # rising with the clock
         assert audio == pytest.approx([3.0, 6.0, 9.0, 12.0, 15.0])  # 1 s of audio per chunk
-        assert rows[0].status is PartitionStatus.OK  # caught up one sample ago
+        # caught up one sample ago, but the window is young and the oldest chunk is already
+        # 10 s old (the injected clock): the absolute rule sees the stop before STOP can
+        assert rows[0].rule is Rule.TIME_LAG_ABOVE and rows[0].status is PartitionStatus.LAGGING
+        assert reports[0].rules == (GroupRule.EMPTY_WITH_LAG,)
         assert rows[-1].status is PartitionStatus.STOP and rows[-1].owned is False
         assert reports[-1].status is GroupStatus.ERR
         assert reports[-1].member_count == 0 and reports[-1].state == "EMPTY"
@@ -217,7 +221,8 @@ def test_fully_consumed_transactional_topic_has_lag_zero(
     assert row.end_offset == 12
     assert high_watermark > row.end_offset  # the open transaction is above the LSO
     assert (row.lag, row.time_lag_s, row.audio_lag_s) == (0, 0.0, 0.0)
-    assert report.status is GroupStatus.OK
+    assert row.from_reset is False
+    assert report.status is GroupStatus.OK and report.rules == () and report.drained
 
 
 def _high_watermark(bootstrap: str, topic: str) -> int:
@@ -248,7 +253,10 @@ def test_exporter_serves_lag_metrics(
     labels = f'cluster_name="test",group="{group}",partition="0",topic="{topic}"'
     assert f"kafka_consumergroup_group_lag{{{labels}}} 2.0" in text
     assert f"codeclog_audio_lag_seconds{{{labels}}} 2.0" in text
-    assert f'codeclog_group_status{{cluster_name="test",group="{group}",status="OK"}} 1.0' in text
+    group_labels = f'cluster_name="test",group="{group}"'
+    # the consumer left with two chunks waiting: an empty group with lag is never OK
+    assert f'codeclog_group_status{{{group_labels},status="ERR"}} 1.0' in text
+    assert f'codeclog_group_rule{{{group_labels},rule="empty_with_lag"}} 1.0' in text
     assert "NaN" not in text
 
 
@@ -265,5 +273,166 @@ def test_lag_command_json(
     assert cli.main([*argv, "--json", "--check"]) == 0
     decoded = json.loads(capsys.readouterr().out)
     assert decoded["status"] == "OK" and decoded["partitions"][0]["lag"] == 0
-    assert cli.main([*argv, "--topic", unique_name("missing")]) == 3
+    assert cli.main([*argv, "--topic", unique_name("missing")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+# --- partitions without commits, one-shot checks, groups that never started (issue 17) -------
+
+
+@pytest.fixture
+def topic4(kafka_bootstrap: str, unique_name: Callable[[str], str]) -> Iterator[str]:
+    name = unique_name("lag-chunks4")
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(name, num_partitions=4, replication_factor=1)])[name].result(30)
+    yield name
+    admin.delete_topics([name])
+
+
+def produce_to(bootstrap: str, topic: str, counts: dict[int, int]) -> None:
+    """`counts[p]` one-second chunks to partition p."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for partition, count in counts.items():
+        for seq in range(count):
+            producer.produce(
+                topic, chunk_value(seq), key=b"req-%d" % partition, partition=partition
+            )
+    assert producer.flush(10) == 0
+
+
+def joined_consumer(bootstrap: str, topic: str, group: str) -> Consumer:
+    """A subscribed member that holds its assignment and has committed nothing."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while not consumer.assignment() and time.monotonic() < deadline:
+        consumer.poll(0.2)
+    assert consumer.assignment()
+    return consumer
+
+
+def lag_json(
+    bootstrap: str, group: str, topic: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, dict]:
+    argv = ["lag", "--bootstrap", bootstrap, "--group", group, "--topic", topic]
+    code = cli.main([*argv, "--json", "--check"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_stopped_group_with_sessions_on_partitions_it_never_committed_is_not_ok(
+    kafka_bootstrap: str,
+    topic4: str,
+    unique_name: Callable[[str], str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The operator's scenario: a consumer ran (committed on partition 0 only), stopped and
+    left the group, then new sessions arrived on partitions the group never committed on.
+    The very first one-shot sample is not OK, counts their records and audio, and --check
+    fails; resuming and draining returns to OK."""
+    group = unique_name("lag-group")
+    produce_to(kafka_bootstrap, topic4, {0: 12})
+    consumer = joined_consumer(kafka_bootstrap, topic4, group)
+    read, deadline = 0, time.monotonic() + 30
+    while read < 12 and time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        read += message is not None and message.error() is None
+    assert read == 12
+    consumer.commit(offsets=[TopicPartition(topic4, 0, 12)], asynchronous=False)
+    consumer.close()  # like SIGTERM: the member leaves the group
+    produce_to(kafka_bootstrap, topic4, {1: 4, 2: 4, 3: 3})
+
+    code, decoded = lag_json(kafka_bootstrap, group, topic4, capsys)
+    assert code == 1
+    assert decoded["status"] == "ERR" and "empty_with_lag" in decoded["rules"]
+    rows = {row["partition"]: row for row in decoded["partitions"]}
+    assert (rows[0]["committed_offset"], rows[0]["lag"], rows[0]["from_reset"]) == (12, 0, False)
+    for partition, records in {1: 4, 2: 4, 3: 3}.items():
+        row = rows[partition]
+        assert row["committed_offset"] is None and row["from_reset"] is True
+        assert (row["start_offset"], row["lag"]) == (0, records)
+        assert row["audio_lag_s"] == pytest.approx(records * 1.0)  # 25 frames = 1 s a chunk
+        assert row["time_lag_s"] is not None
+    assert decoded["total_lag"] == 11 and decoded["total_audio_lag_s"] == pytest.approx(11.0)
+    assert decoded["drained"] is False
+
+    assert (
+        cli.main(["lag", "--bootstrap", kafka_bootstrap, "--group", group, "--topic", topic4]) == 0
+    )
+    table = capsys.readouterr().out
+    assert " 4* " in table and "measured from the reset position" in table
+    assert "ERR: the group has no members while records wait" in table
+
+    monitor = LagMonitor({"bootstrap.servers": kafka_bootstrap}, group, topic4, config=CONFIG)
+    collector = LagCollector("test")
+    try:
+        sample_all([monitor], collector, int(time.time() * 1000), lambda line: None)
+    finally:
+        monitor.close()
+    series, _ = collector.snapshot()
+    values = {
+        (s.name, dict(s.labels).get("partition"), dict(s.labels).get("rule")): s.value
+        for s in series
+    }
+    assert values[("kafka_consumergroup_group_lag", "1", None)] == 4.0
+    assert values[("codeclog_audio_lag_seconds", "3", None)] == pytest.approx(3.0)
+    assert values[("codeclog_partition_lag_from_reset", "1", None)] == 1.0
+    assert values[("codeclog_partition_lag_from_reset", "0", None)] == 0.0
+    assert values[("codeclog_group_rule", None, "empty_with_lag")] == 1.0
+    assert ("kafka_consumergroup_group_offset", "1", None) not in values
+
+    consume_all(kafka_bootstrap, topic4, group, 11).close()  # resumes: reads and commits all
+    code, decoded = lag_json(kafka_bootstrap, group, topic4, capsys)
+    assert code == 0, decoded
+    assert decoded["status"] == "OK" and decoded["rules"] == [] and decoded["drained"] is True
+    assert [row["from_reset"] for row in decoded["partitions"]] == [False] * 4
+
+
+@pytest.mark.parametrize("member_left", [True, False], ids=["crashed_at_start", "still_joined"])
+def test_brand_new_group_with_waiting_input_is_not_ok(
+    kafka_bootstrap: str,
+    topic4: str,
+    unique_name: Callable[[str], str],
+    capsys: pytest.CaptureFixture[str],
+    member_left: bool,
+) -> None:
+    group = unique_name("lag-group")
+    produce_to(kafka_bootstrap, topic4, {0: 20, 1: 20, 2: 20, 3: 16})  # 76 records waiting
+    consumer = joined_consumer(kafka_bootstrap, topic4, group)
+    try:
+        if member_left:
+            consumer.close()  # crashed before its first commit: EMPTY, no offsets
+        code, decoded = lag_json(kafka_bootstrap, group, topic4, capsys)
+    finally:
+        if not member_left:
+            consumer.close()
+    assert code == 1
+    assert decoded["status"] == "ERR" and "never_committed" in decoded["rules"]
+    assert ("empty_with_lag" in decoded["rules"]) is member_left
+    assert decoded["state"] == ("EMPTY" if member_left else "STABLE")
+    assert decoded["total_lag"] == 76 and decoded["total_audio_lag_s"] == pytest.approx(76.0)
+    assert all(row["from_reset"] for row in decoded["partitions"])
+    assert all(row["rule"] != "no_data" for row in decoded["partitions"])
+
+
+def test_a_group_that_does_not_exist_is_reported_as_such(
+    kafka_bootstrap: str,
+    topic4: str,
+    unique_name: Callable[[str], str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    produce_to(kafka_bootstrap, topic4, {2: 3})
+    group = unique_name("no-such-group")
+    code, decoded = lag_json(kafka_bootstrap, group, topic4, capsys)
+    assert code == 1
+    assert decoded["exists"] is False and decoded["rules"][0] == "group_not_found"
+    assert decoded["member_count"] == 0
+    argv = ["lag", "--bootstrap", kafka_bootstrap, "--group", group, "--topic", topic4]
+    assert cli.main(argv) == 0  # measured; without --check the status is only reported
+    assert "the group does not exist on the cluster" in capsys.readouterr().out

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from lag.evaluator import (
     EvaluatorConfig,
+    GroupRule,
     GroupStatus,
     LagWindows,
     PartitionId,
@@ -13,7 +15,7 @@ from lag.evaluator import (
     offset_lag,
 )
 from lag.measure import GroupMeasurement, PartitionMeasurement
-from lag.report import build_report, format_table, to_dict, to_sample
+from lag.report import GroupReport, build_report, format_table, measured_rules, to_dict, to_sample
 
 T0_MS = 1_700_000_000_000
 
@@ -77,3 +79,77 @@ def test_table_marks_unknown_with_dash() -> None:
     assert lines[1].split() == ["0", "100", "130", "30", "1.50", "3.00", "OK"]
     assert lines[2].split() == ["1", "-", "0", "-", "-", "-", "OK"]
     assert lines[3].startswith("group g on codec.chunks: OK (state EMPTY, 0 members, total lag 30")
+
+
+def never_committed(at_ms: int) -> GroupMeasurement:
+    """The issue's stopped group: partition 0 consumed and committed, partitions 1-3 hold new
+    sessions the group never touched; no members left."""
+    rows = (
+        PartitionMeasurement(0, 12, 0, 12, 0, 0.0, 0.0, False, 12, False),
+        PartitionMeasurement(1, None, 0, 4, 4, 118.88, 4.0, False, 0, True),
+        PartitionMeasurement(2, None, 0, 4, 4, 2.0, 4.0, False, 0, True),
+        PartitionMeasurement(3, None, 0, 3, 3, 1.0, 3.0, False, 0, True),
+    )
+    return GroupMeasurement("g", "codec.chunks", at_ms, "EMPTY", 0, rows, 4.0)
+
+
+def one_shot(m: GroupMeasurement) -> GroupReport:
+    config = EvaluatorConfig()
+    windows = LagWindows(config)
+    for row in m.partitions:
+        windows.observe(PartitionId(m.topic, row.partition), to_sample(row, m.observed_at_ms))
+    sizes = {k: len(windows.window(k)) for k in windows.partitions()}
+    rules = measured_rules(m, young=True, config=config)
+    return build_report(m, windows.evaluate(m.observed_at_ms), sizes, 0.0, rules)
+
+
+def test_never_committed_partitions_count_and_say_so() -> None:
+    report = one_shot(never_committed(T0_MS))
+    assert report.status is GroupStatus.ERR
+    assert report.rules == (GroupRule.EMPTY_WITH_LAG,)
+    assert report.total_lag == 11 and report.total_audio_lag_s == 11.0
+    assert report.max_time_lag_s == 118.88
+    assert report.partition(1).status is PartitionStatus.LAGGING
+    assert not report.drained
+    decoded = json.loads(json.dumps(to_dict(report), allow_nan=False))
+    assert decoded["rules"] == ["empty_with_lag"] and decoded["drained"] is False
+    assert decoded["exists"] is True
+    rows = decoded["partitions"]
+    assert [(r["from_reset"], r["start_offset"], r["lag"]) for r in rows] == [
+        (False, 12, 0),
+        (True, 0, 4),
+        (True, 0, 4),
+        (True, 0, 3),
+    ]
+    assert rows[1]["committed_offset"] is None and rows[1]["rule"] == "time_lag_above"
+
+
+def test_table_marks_lag_from_the_reset_position() -> None:
+    lines = format_table(one_shot(never_committed(T0_MS))).splitlines()
+    assert lines[1].split() == ["0", "12", "12", "0", "0.00", "0.00", "OK"]
+    assert lines[2].split() == ["1", "-", "4", "4*", "118.88", "4.00", "LAGGING"]
+    assert lines[5].startswith("* no committed offset: lag measured from the reset position")
+    assert lines[6].startswith(
+        "group g on codec.chunks: ERR: the group has no members while records wait (state EMPTY"
+    )
+
+
+def test_a_group_the_cluster_does_not_know_is_reported_as_such() -> None:
+    rows = (PartitionMeasurement(0, None, 0, 0, 0, 0.0, 0.0, False, 0, True),)
+    m = GroupMeasurement("nope", "codec.chunks", T0_MS, "DEAD", 0, rows, 1.0)
+    report = one_shot(m)
+    assert report.rules == (GroupRule.GROUP_NOT_FOUND,) and not report.exists
+    assert report.status is GroupStatus.ERR
+    assert to_dict(report)["exists"] is False
+    assert "the group does not exist on the cluster" in format_table(report).splitlines()[-1]
+
+
+def test_drained_needs_every_partition_with_data_committed_to_its_end() -> None:
+    committed = (
+        PartitionMeasurement(0, 12, 0, 12, 0, 0.0, 0.0, True, 12, False),
+        PartitionMeasurement(1, None, 0, 0, 0, 0.0, 0.0, True, 0, True),  # no data: fine
+    )
+    m = GroupMeasurement("g", "codec.chunks", T0_MS, "STABLE", 1, committed, 1.0)
+    assert one_shot(m).drained
+    unknown = (*committed, PartitionMeasurement(2, None, None, None, None, None, None, True))
+    assert not one_shot(dataclasses.replace(m, partitions=unknown)).drained
