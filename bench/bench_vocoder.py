@@ -52,17 +52,29 @@ class Row:
 
 
 def build_engine(
-    spec: str, device: str, dtype: str, threads: int | None, workers: int | None = None
+    spec: str,
+    device: str,
+    dtype: str,
+    threads: int | None,
+    workers: int | None = None,
+    kernels: str = "native",
 ) -> Code2WavEngine:
     if spec != "full":
         return Code2WavEngine.from_spec(
-            spec, device=device, dtype=dtype, threads=threads, workers=workers
+            spec, device=device, dtype=dtype, threads=threads, workers=workers, kernels=kernels
         )
     hift = build_hift(HiftConfig.full())
     initialise_hift(hift, 0)
     flow = Token2WavFlow(FlowConfig.full())
     return Code2WavEngine(
-        flow, hift, device=device, dtype=dtype, threads=threads, workers=workers, spec="full"
+        flow,
+        hift,
+        device=device,
+        dtype=dtype,
+        threads=threads,
+        workers=workers,
+        spec="full",
+        kernels=kernels,
     )
 
 
