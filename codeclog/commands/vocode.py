@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
@@ -73,7 +74,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help="stop after this many seconds without input (tests, demos)",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every step")
+    parser.add_argument(
+        "--outage-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="after a failed transaction or Kafka call the member aborts, rebuilds and "
+        "retries; if nothing commits within this long it exits 1 (default 60)",
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=25.0,
+        metavar="SECONDS",
+        help="SIGTERM/SIGINT end the process within this long: the current step commits "
+        "(exit 0), or, if it cannot finish in time, exit 1 without it (default 25)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log every step and librdkafka's own lines"
+    )
     parser.set_defaults(func=run)
 
 
@@ -88,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
+    )
+    # librdkafka's own lines (every failed reconnect, ...) are for -v; ours say what matters.
+    logging.getLogger("codeclog.kafka").setLevel(
+        logging.DEBUG if args.verbose else logging.CRITICAL
     )
     try:
         client_config = kafka_client_config(args)
@@ -120,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_records,
         max_open_streams=args.max_open_streams,
         exit_when_idle_s=args.exit_when_idle,
+        outage_timeout_s=args.outage_timeout,
+        stop_timeout_s=args.stop_timeout,
     )
     service = VocoderService(
         client_config,
@@ -139,4 +164,10 @@ def run(args: argparse.Namespace) -> int:
         f"{stats['dead_letters']} dead letters in {stats['steps']} transactions",
         file=sys.stderr,
     )
+    if service.abandoned_clients:
+        # A producer given up on may still have a call inside librdkafka: destroying it at
+        # interpreter exit can block forever. Everything of ours is flushed or committed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
