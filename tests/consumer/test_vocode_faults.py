@@ -136,7 +136,7 @@ def test_a_broker_crash_and_restart_mid_run_resumes_committing(
     stack, broker = own_stack
     talker = _talk_realtime(stack, sessions=4, seconds=16, seed=1)
     member = stack.vocode("0", "--max-records", "8", idle_s=10)
-    stack.wait_for_log(member, "open streams up to offset", 120)
+    stack.wait_for_log(member, "state restored in", 120)
     time.sleep(5.0)  # several steps committed
     _kill_broker(broker)
     killed_at = time.monotonic()
@@ -169,7 +169,7 @@ def test_sigterm_during_an_outage_ends_the_member_within_the_stop_timeout(
     stack, broker = own_stack
     stack.publish_sessions(sessions=6, seconds=10, seed=2)  # many small steps to commit
     member = stack.vocode("0", "--max-records", "2", "--stop-timeout", "8", idle_s=120)
-    stack.wait_for_log(member, "open streams up to offset", 120)
+    stack.wait_for_log(member, "state restored in", 120)
     time.sleep(2.0)
     _kill_broker(broker)  # and it stays down: the step in progress cannot commit
     time.sleep(3.0)
