@@ -67,7 +67,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, UsageError
 from lag.evaluator import offset_lag
 from schemas import wire
 from schemas.records import FRAME_SECONDS, CodecChunk
@@ -85,6 +85,10 @@ def quiet(client_config: Mapping[str, str]) -> dict[str, str]:
     Level 2 (critical) like `codeclog topics`; a log_level in the user's config wins.
     """
     return {"log_level": "2", **client_config}
+
+
+class ClientConfigError(UsageError):
+    """librdkafka refused the client properties."""
 
 
 class MeasureError(CodeclogError):
@@ -310,7 +314,7 @@ class LagMeasurer:
         try:
             self._admin = AdminClient(dict(client_config))
         except KafkaException as exc:  # e.g. an unknown property in --kafka-config
-            raise MeasureError(f"invalid Kafka client configuration: {_reason(exc)}") from exc
+            raise ClientConfigError(f"invalid Kafka client configuration: {_reason(exc)}") from exc
         self._timeout_s = timeout_s
         self._read_records = read_records
         self._monotonic = monotonic

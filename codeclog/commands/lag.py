@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
-from codeclog.errors import CodeclogError
+from codeclog.errors import EXIT_FAILURE, CodeclogError, exit_code
 from lag.evaluator import EvaluatorConfig, GroupStatus
 
 if TYPE_CHECKING:  # the runtime imports are local: `codeclog --help` need not load librdkafka
@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the runtime imports are local: `codeclog --help` need not l
     from lag.report import GroupReport
 
 DEFAULT_GROUP = "codeclog-vocoder"  # the vocoder consumer's default group.id
-EXIT_UNMEASURED = 3  # like Nagios UNKNOWN: 1 and 2 are WARN and ERR under --check
+EXIT_UNMEASURED = 3  # --check only, like Nagios UNKNOWN: 1 and 2 are WARN and ERR there
 CHECK_EXIT = {GroupStatus.OK: 0, GroupStatus.WARN: 1, GroupStatus.ERR: 2}
 
 LAG_DESCRIPTION = """\
@@ -46,7 +46,9 @@ Statuses other than OK need a window: one sample can only say "lag". Take severa
 """
 
 LAG_EPILOG = """\
-exit status: 0; with --check 0 OK, 1 WARN, 2 ERR; 3 when the lag could not be measured.
+exit status (README, "Exit codes"): 0 measured; 1 the lag could not be measured (the cluster
+did not answer, ...); 2 a usage or configuration error. With --check, like a Nagios plugin:
+0 OK, 1 WARN, 2 ERR, 3 UNKNOWN (could not be measured); usage errors stay 2.
 
 examples:
   codeclog lag                                   # the vocoder group on codec.chunks, once
@@ -208,14 +210,18 @@ def _positive_float(text: str) -> float:
 def _guarded(
     name: str, func: Callable[[argparse.Namespace], int]
 ) -> Callable[[argparse.Namespace], int]:
-    """Errors a user can cause become one sentence on stderr and exit status 3."""
+    """Errors a user can cause become one sentence on stderr: exit 2 for a usage or
+    configuration error, else 1 (3, UNKNOWN, under --check)."""
 
     def run(args: argparse.Namespace) -> int:
         try:
             return func(args)
         except (CodeclogError, ConfigError) as exc:
             print(f"codeclog {name}: {exc}", file=sys.stderr)
-            return EXIT_UNMEASURED
+            code = exit_code(exc)
+            if code == EXIT_FAILURE and getattr(args, "check", False):
+                return EXIT_UNMEASURED
+            return code
         except BrokenPipeError:  # `codeclog lag --watch | head`: the reader left, not an error
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0

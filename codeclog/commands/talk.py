@@ -11,7 +11,7 @@ import time
 from typing import Any, TextIO
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, exit_code
 from producers.publisher import (
     KAFKA_LOGGER,
     ChunkPublisher,
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return _talk(args)
     except (CodeclogError, ConfigError) as exc:
         print(f"codeclog talk: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ValueError | ConfigError) else 1
+        return exit_code(exc)
 
 
 def _talk(args: argparse.Namespace) -> int:
