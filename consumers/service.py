@@ -77,6 +77,7 @@ EXIT_STRICT_FATAL = 3
 # its helper thread and the producer is replaced (init_transactions fences the old one).
 CALL_GRACE_S = 5.0
 RETRY_PAUSE_S = 1.0  # between two recovery attempts while the cluster does not answer
+CLOSE_ON_FAILURE_S = 2.0  # abort, close and flush bounds once the member is exiting 1
 _FENCED_NAMES = ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
 FENCED_CODES = frozenset(
     code for name in _FENCED_NAMES if (code := getattr(KafkaError, name, None)) is not None
@@ -165,6 +166,7 @@ class VocoderService:
         self._last_error = ""
         self._assign_failed: BaseException | None = None  # recovery in a callback failed
         self._finished = threading.Event()
+        self._closing_timeout_s: float | None = None  # set when exiting on a failure
         self._decoding: threading.Thread | None = None  # this step's decode, while it runs
         self._void_step = False  # the assignment changed during this step's decode
         self._pending: list[InputRecord] = []  # polled while a step decoded: the next batch
@@ -202,6 +204,19 @@ class VocoderService:
             return self._loop()
         except (InfrastructureError, StuckCallError, KafkaException) as exc:
             print(f"codeclog vocode: {_one_line(exc)}", file=sys.stderr)
+            # The cluster is failing: short bounds from here on (an open transaction is aborted
+            # by the next member's init_transactions, or by its timeout).
+            self._closing_timeout_s = CLOSE_ON_FAILURE_S
+            self._join_commit()
+            self._abort_quietly()
+            return EXIT_INFRASTRUCTURE
+        except Exception as exc:  # a bug: still one line (the traceback is logged with -v)
+            log.debug("unexpected error", exc_info=True)
+            print(
+                f"codeclog vocode: unexpected {type(exc).__name__}: {_one_line(exc)}",
+                file=sys.stderr,
+            )
+            self._closing_timeout_s = CLOSE_ON_FAILURE_S
             self._join_commit()
             self._abort_quietly()
             return EXIT_INFRASTRUCTURE
@@ -271,10 +286,11 @@ class VocoderService:
         self._producer_needs_init = False
 
     def _close(self) -> None:
+        bound = self._closing_timeout_s or self.config.kafka_timeout_s
         if self._consumer is not None:
             consumer = self._consumer
             try:
-                self._bounded("consumer close", consumer.close)
+                self._bounded("consumer close", consumer.close, bound)
             except (KafkaException, RuntimeError, StuckCallError) as exc:
                 log.warning("consumer close failed: %s", exc)
             self._consumer = None
@@ -284,7 +300,7 @@ class VocoderService:
                 self._abandoned.append(producer)
             else:
                 try:
-                    self._bounded("flush", lambda: producer.flush(self.config.kafka_timeout_s))
+                    self._bounded("flush", lambda: producer.flush(bound), bound)
                 except (KafkaException, StuckCallError) as exc:
                     log.warning("producer flush failed: %s", _one_line(exc))
                     self._abandoned.append(producer)
@@ -769,9 +785,9 @@ class VocoderService:
         producer = self._producer
         if producer is None or self._producer_wedged:
             return
-        timeout = self.config.kafka_timeout_s
+        timeout = self._closing_timeout_s or self.config.kafka_timeout_s
         try:
-            self._bounded("abort_transaction", lambda: producer.abort_transaction(timeout))
+            self._bounded("abort_transaction", lambda: producer.abort_transaction(timeout), timeout)
         except StuckCallError as exc:
             log.warning("%s: the producer will be replaced", exc)
             self._producer_wedged = True
@@ -907,7 +923,9 @@ class VocoderService:
         this group's members wrote it (producer id `<group>-<instance>`)."""
         if not partitions:
             return {}
-        by_partition = read_partitions(self.client_config, self.topics.progress, partitions)
+        by_partition = read_partitions(
+            self.client_config, self.topics.progress, partitions, self.config.kafka_timeout_s
+        )
         mine = f"{self.config.group}-"
         result: dict[int, dict[str, StreamCheckpoint]] = {}
         for partition, records in by_partition.items():
@@ -1038,10 +1056,11 @@ def read_partition(
 
 
 def read_partitions(
-    client_config: dict[str, str], topic: str, partitions: list[int], timeout_s: float = 30.0
+    client_config: dict[str, str], topic: str, partitions: list[int], timeout_s: float = 10.0
 ) -> dict[int, list[InputRecord]]:
     """Every committed record of several partitions of `topic` up to their ends, with one
-    reader (`read_partition` for each would pay a client start-up per partition)."""
+    reader (`read_partition` for each would pay a client start-up per partition). Gives up
+    (ClusterUnavailableError) when nothing arrives for `timeout_s`, however long the read."""
     config: dict[str, Any] = dict(client_config)
     config.setdefault("logger", KAFKA_LOG)
     config.update(
@@ -1065,7 +1084,10 @@ def read_partitions(
                 raise ClusterUnavailableError(
                     f"timed out reading {topic} partitions {sorted(waiting)} to their end"
                 )
-            for message in consumer.consume(500, 0.2):
+            messages = consumer.consume(500, 0.2)
+            if messages:
+                deadline = time.monotonic() + timeout_s
+            for message in messages:
                 error = message.error()
                 if error is not None and error.code() == KafkaError._PARTITION_EOF:
                     waiting.discard(message.partition() or 0)
@@ -1101,6 +1123,11 @@ def _read_until(
 
 
 def _one_line(exc: BaseException) -> str:
-    """An exception as one line (librdkafka messages can span several)."""
-    text = str(exc) or type(exc).__name__
+    """An exception as one line (librdkafka messages can span several); a KafkaError as its
+    name and message, not its repr."""
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if isinstance(error, KafkaError):
+        text = f"{error.name()}: {error.str()}"
+    else:
+        text = str(exc) or type(exc).__name__
     return " ".join(text.split())

@@ -116,3 +116,18 @@ def test_kafka_config_bootstrap_wins_over_the_environment_and_says_so(
     monkeypatch.setenv(ENV_BOOTSTRAP, "file-host:9092")
     kafka_client_config(_args(kafka_config=str(properties)))
     assert capsys.readouterr().err == ""
+
+
+def test_vocode_against_an_unreachable_cluster_is_one_line_and_exit_1() -> None:
+    """It used to take 34 s and print ~90 raw librdkafka lines before `_TIMED_OUT`."""
+    import time
+
+    started = time.monotonic()
+    result = _codeclog("vocode", "--bootstrap", "127.0.0.1:1")
+    took = time.monotonic() - started
+    err = result.stderr
+    assert result.returncode == 1, err
+    assert "Traceback" not in err and "FAIL" not in err and "%3|" not in err, err
+    assert err.count("\n") == 1, err
+    assert err.startswith("codeclog vocode: no answer from the cluster at 127.0.0.1:1 within 10 s")
+    assert took < 60, took  # the 10 s check plus start-up (the model load) on a busy machine

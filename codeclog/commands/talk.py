@@ -134,7 +134,11 @@ def _talk(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.done()
     summary = _summary(args, topic, session_scripts, talker.stats, publisher.stats, result)
-    summary["undelivered"] = report.undelivered
+    # `undelivered`: records that did not reach the log, whatever the reason (equal to `failed`
+    # once every delivery report is in); what the final flush alone left is reported apart.
+    stats = publisher.stats
+    summary["undelivered"] = stats.failed + stats.in_flight
+    summary["unacknowledged_at_close"] = report.undelivered
     _print_summary(summary, as_json=args.json)
     _print_failures(publisher)
     return 0 if summary["failed"] == 0 else 1

@@ -189,11 +189,12 @@ def run(args: argparse.Namespace) -> int:
     # turn a clean stop into "killed by signal": we are stopping anyway.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stats = service.stats
-    print(
-        f"vocode: {stats['records']} records, {stats['windows']} audio windows, "
-        f"{stats['dead_letters']} dead letters in {stats['steps']} transactions",
-        file=sys.stderr,
-    )
+    if code == 0 or stats["steps"]:  # a failure to start is its one line, nothing more
+        print(
+            f"vocode: {stats['records']} records, {stats['windows']} audio windows, "
+            f"{stats['dead_letters']} dead letters in {stats['steps']} transactions",
+            file=sys.stderr,
+        )
     if service.abandoned_clients:
         # A producer given up on may still have a call inside librdkafka: destroying it at
         # interpreter exit can block forever. Everything of ours is flushed or committed.
