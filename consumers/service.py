@@ -163,6 +163,7 @@ class VocoderService:
         self._producer_needs_init = False
         self._abandoned: list[Producer] = []  # replaced producers: never destroyed (may block)
         self._failing_since: float | None = None  # first failure since the last commit
+        self._last_failure_at: float | None = None
         self._last_error = ""
         self._assign_failed: BaseException | None = None  # recovery in a callback failed
         self._finished = threading.Event()
@@ -498,7 +499,14 @@ class VocoderService:
                     ) from again
 
     def _note_failure(self, exc: BaseException) -> None:
+        """Count a failure towards the outage limit. The clock runs from the first failure
+        since the last commit; a failure long after the previous one (an idle member that
+        commits nothing) starts it again."""
         now = time.monotonic()
+        quiet_since = self._last_failure_at
+        if quiet_since is not None and now - quiet_since > self.config.outage_timeout_s:
+            self._failing_since = None
+        self._last_failure_at = now
         if self._failing_since is None:
             self._failing_since = now
         self._last_error = _one_line(exc)
@@ -881,9 +889,18 @@ class VocoderService:
         (a reader per partition cost ~0.6 s each), then each partition's open streams."""
         started = time.monotonic()
         ours = [tp.partition for tp in committed if tp.offset >= 0]
+        fresh = sorted(tp.partition for tp in committed if tp.offset < 0)
+        if fresh:  # this group never committed there: nothing of ours to restore
+            log.info(
+                "partitions %s: no checkpoint (group %s has committed nothing there): "
+                "starting at the log start",
+                fresh,
+                self.config.group,
+            )
         checkpoints = self._read_checkpoints(ours)
         for tp in committed:
-            self._recover(tp, checkpoints.get(tp.partition, {}))
+            if tp.offset >= 0:
+                self._recover(tp, checkpoints.get(tp.partition, {}))
         log.info(
             "partitions %s assigned: state restored in %.2f s",
             sorted(tp.partition for tp in committed),
@@ -891,14 +908,8 @@ class VocoderService:
         )
 
     def _recover(self, tp: TopicPartition, checkpoints: dict[str, StreamCheckpoint]) -> None:
-        if tp.offset < 0:  # this group never committed here: nothing of ours to restore
-            log.info(
-                "partition %d: no checkpoint (group %s has committed nothing here): "
-                "starting at the log start",
-                tp.partition,
-                self.config.group,
-            )
-            return
+        """One partition with a committed offset: restore its requests' fold states, rebuild
+        the vocoder states of its open streams."""
         fold_state = self.pipeline.fold_state(tp.partition)
         open_starts: dict[str, int] = {}
         for rid, checkpoint in checkpoints.items():

@@ -79,12 +79,23 @@ def test_being_fenced_ends_the_member() -> None:
 
 
 def test_failures_past_the_outage_timeout_end_the_member() -> None:
-    service = _service(outage_timeout_s=0.2)
+    service = _service(outage_timeout_s=0.5)
     error = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
     service._note_failure(error)  # the first failure starts the clock
-    time.sleep(0.3)
+    for _ in range(4):  # failures keep coming (each recovery attempt fails)
+        time.sleep(0.1)
+        service._note_failure(error)
+    time.sleep(0.2)
     with pytest.raises(InfrastructureError, match="no transaction committed for"):
         service._note_failure(error)
+
+
+def test_a_failure_long_after_the_last_one_starts_the_clock_again() -> None:
+    service = _service(outage_timeout_s=0.2)
+    error = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+    service._note_failure(error)
+    time.sleep(0.3)  # healthy and idle meanwhile: nothing failed, nothing committed
+    service._note_failure(error)  # a new outage, not the old one going on
 
 
 def test_a_commit_resets_the_outage_clock() -> None:
