@@ -46,7 +46,10 @@ MISSING_KEY = "missing_key"  # dead-letter reason: a record without a key (its b
 # is 1 MiB, and a refused input can be just under it): a raw value and key up to this many
 # bytes are kept whole; beyond, a prefix of DEAD_LETTER_PREFIX_BYTES is kept, with the size and
 # SHA-256 of the whole (raw_value_truncated). Text fields are cut to DEAD_LETTER_TEXT_CHARS.
+# The consumer lowers the limit to the dead-letter topic's own max.message.bytes minus
+# DEAD_LETTER_HEADROOM_BYTES when that is smaller (PipelineConfig.dead_letter_raw_limit).
 DEAD_LETTER_RAW_LIMIT = 900_000
+DEAD_LETTER_HEADROOM_BYTES = 64 * 1024  # metadata, cut texts and key, batch overhead
 DEAD_LETTER_PREFIX_BYTES = 64 * 1024
 DEAD_LETTER_KEY_BYTES = 4096
 DEAD_LETTER_TEXT_CHARS = 8192
@@ -161,6 +164,7 @@ class PipelineConfig:
     keep_pcm: bool = False  # keep each request's PCM in memory (replay --wav-dir)
     record_audio: bool = False  # keep per-request window accounting for reports
     producer_id: str = ""
+    dead_letter_raw_limit: int = DEAD_LETTER_RAW_LIMIT  # raw bytes a dead letter keeps whole
 
 
 class AudioPipeline:
@@ -524,7 +528,8 @@ class AudioPipeline:
         if request_id is None and record.key is not None:
             request_id = record.key.decode("utf-8", "replace")
         value, key = record.value, record.key
-        truncated = len(value) + len(key or b"") > DEAD_LETTER_RAW_LIMIT
+        limit = self.config.dead_letter_raw_limit
+        truncated = len(value) + len(key or b"") > limit
         if key is not None and len(key) > DEAD_LETTER_KEY_BYTES:
             details = {**details, "raw_key_size": len(key), "raw_key_truncated": True}
             key = key[:DEAD_LETTER_KEY_BYTES]
@@ -536,7 +541,7 @@ class AudioPipeline:
             source_topic=record.position.topic,
             source_partition=record.position.partition,
             source_offset=record.position.offset,
-            raw_value=value[:DEAD_LETTER_PREFIX_BYTES] if truncated else value,
+            raw_value=value[: min(DEAD_LETTER_PREFIX_BYTES, limit)] if truncated else value,
             raw_key=key,
             request_id=None if request_id is None else _cut(request_id, DEAD_LETTER_KEY_BYTES),
             cache_epoch=_int_or_none(details.get("cache_epoch")),

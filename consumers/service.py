@@ -53,6 +53,8 @@ from codeclog.errors import CodeclogError
 from consumers.fold.machine import FoldConfig, Policy, export_request, import_request
 from consumers.metrics import VocoderMetrics
 from consumers.pipeline import (
+    DEAD_LETTER_HEADROOM_BYTES,
+    DEAD_LETTER_RAW_LIMIT,
     AudioPipeline,
     InputRecord,
     PipelineConfig,
@@ -151,6 +153,7 @@ class VocoderService:
         self.engine = engine
         self.metrics = metrics or VocoderMetrics.create(None)
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self._dead_letter_limit = DEAD_LETTER_RAW_LIMIT
         self.pipeline = self._new_pipeline()
         self._epoch_start: dict[str, int] = {}
         self._stop = stop_event or threading.Event()
@@ -278,6 +281,29 @@ class VocoderService:
             ) from exc
         if self.topics.chunks not in metadata.topics:
             log.warning("topic %s does not exist (yet) at %s", self.topics.chunks, self.bootstrap)
+        self._fit_dead_letters(admin)
+
+    def _fit_dead_letters(self, admin: Any) -> None:
+        """Dead letters must fit the dead-letter topic: keep whole at most its
+        max.message.bytes minus headroom (unknown: the default limit)."""
+        from confluent_kafka.admin import ConfigResource
+
+        resource = ConfigResource(ConfigResource.Type.TOPIC, self.topics.dlq)
+        timeout = self.config.kafka_timeout_s
+        try:
+            futures = admin.describe_configs([resource], request_timeout=timeout)
+            entries = self._bounded("describe_configs", lambda: futures[resource].result(timeout))
+            topic_max = int(entries["max.message.bytes"].value)
+        except Exception as exc:  # the topic may not exist yet: keep the default
+            log.debug("max.message.bytes of %s unknown: %s", self.topics.dlq, exc)
+            return
+        limit = min(DEAD_LETTER_RAW_LIMIT, max(0, topic_max - DEAD_LETTER_HEADROOM_BYTES))
+        if limit != self._dead_letter_limit:
+            log.info(
+                "dead letters keep raw values whole up to %d bytes (%s)", limit, self.topics.dlq
+            )
+            self._dead_letter_limit = limit
+            self.pipeline = self._new_pipeline()
 
     def _init_transactions(self) -> None:
         producer = self._producer
@@ -362,6 +388,7 @@ class VocoderService:
             per_partition=True,
             max_batch=self.config.max_batch,
             producer_id=self.config.transactional_id,
+            dead_letter_raw_limit=self._dead_letter_limit,
         )
         return AudioPipeline(pipeline_config, self.engine, self._clock_ms)
 

@@ -71,6 +71,42 @@ def test_a_near_limit_poison_record_is_dead_lettered_in_bounded_form(
     assert report.expected_windows == service.stats["windows"] > 0
 
 
+def test_a_dead_letter_fits_a_dead_letter_topic_smaller_than_the_input(
+    stack: Any, tiny_engine: Any
+) -> None:
+    """The dead-letter topic allows 200 kB, the input 1 MiB: a 300 kB poison record is kept as
+    a prefix (whole, it would abort every transaction: MSG_SIZE_TOO_LARGE, forever)."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+    )
+
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        stack.topics.dlq,
+        incremental_configs=[
+            ConfigEntry("max.message.bytes", "200000", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    admin = AdminClient(stack.client)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+    body = wire.encode(CodecChunk("p-big", WINDOW, 0, 0, 28, 25, 3))
+    value = body + b"\x01" * 300_000
+    stack.publish_sessions(sessions=2, seconds=3, seed=26)
+    producer = Producer({**stack.client, "message.max.bytes": 4_000_000})
+    producer.produce(stack.topics.chunks, key=b"p-big", value=value)
+    assert producer.flush(30) == 0
+    service = _run(stack, tiny_engine)
+    [letter] = [d for d in _dead_letters(stack) if d.request_id == "p-big"]
+    assert letter.raw_value_truncated and letter.raw_value_size == len(value)
+    assert len(letter.raw_value) <= DEAD_LETTER_PREFIX_BYTES
+    assert service.stats["windows"] > 0
+    assert verify(stack.client, stack.topics, tiny_engine).ok
+
+
 def test_a_record_without_a_key_is_dead_lettered(stack: Any, tiny_engine: Any) -> None:
     stack.publish_sessions(sessions=2, seconds=3, seed=23)
     stack.publish_raw([(None, wire.encode(CodecChunk("p-nullkey", WINDOW, 0, 0, 28, 25, 3)))])
