@@ -130,4 +130,4 @@ def test_vocode_against_an_unreachable_cluster_is_one_line_and_exit_1() -> None:
     assert "Traceback" not in err and "FAIL" not in err and "%3|" not in err, err
     assert err.count("\n") == 1, err
     assert err.startswith("codeclog vocode: no answer from the cluster at 127.0.0.1:1 within 10 s")
-    assert took < 60, took  # the 10 s check plus start-up (the model load) on a busy machine
+    assert took < 90, took  # the 10 s check plus start-up (41 s seen with both cores busy)
