@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from codeclog import __version__
+from codeclog.errors import CodeclogError, exit_code
 
 COMMANDS: tuple[str, ...] = (
     "codeclog.commands.broker",
@@ -67,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except CodeclogError as exc:  # one rule for every command (README, "Exit codes")
+        print(f"codeclog {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return exit_code(exc)
 
 
 if __name__ == "__main__":

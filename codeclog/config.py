@@ -1,13 +1,17 @@
 """Configuration shared by every command: where the cluster is, client properties, topic names.
 
-Resolution of the bootstrap address, first match wins:
+Resolution of the bootstrap address, first match wins (the more explicit source wins; when a
+later source is set too and differs, one line on stderr says which was used):
 1. `--bootstrap HOST:PORT`;
-2. the environment variable `CODECLOG_BOOTSTRAP`;
-3. the local broker started by `codeclog broker start` for `--data-dir` (default: under the
+2. `bootstrap.servers` in the `--kafka-config` file;
+3. the environment variable `CODECLOG_BOOTSTRAP`;
+4. the local broker started by `codeclog broker start` for `--data-dir` (default: under the
    user's cache dir), read from its state file.
 
 `--kafka-config FILE` adds librdkafka properties (one `key=value` per line, `#` comments), so
-users can set `security.protocol`, `sasl.*` and `ssl.*` for their own clusters.
+users can set `security.protocol`, `sasl.*` and `ssl.*` for their own clusters. The file is
+checked by librdkafka itself before anything connects: an unknown property or a bad value is
+a ConfigError (one line, exit 2).
 `--topics-config FILE` (JSON) renames topics and sets partition counts; unknown keys are refused.
 """
 
@@ -16,18 +20,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, UsageError
 
 ENV_BOOTSTRAP = "CODECLOG_BOOTSTRAP"
 ENV_DATA_DIR = "CODECLOG_DATA_DIR"
 
 
-class ConfigError(CodeclogError):
+class ConfigError(UsageError):
     """A configuration value is missing, malformed or contradictory."""
+
+
+class NoClusterError(CodeclogError):
+    """No cluster was named and no local broker runs: a failure (exit 1), not a usage error."""
 
 
 def default_cache_dir() -> Path:
@@ -131,16 +141,31 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_bootstrap(args: argparse.Namespace) -> str:
-    explicit = getattr(args, "bootstrap", None) or os.environ.get(ENV_BOOTSTRAP)
-    if explicit:
-        return str(explicit)
+def resolve_bootstrap(args: argparse.Namespace, from_file: str | None = None) -> str:
+    """The bootstrap address (module docstring: first match wins). `from_file` is the
+    `bootstrap.servers` of the --kafka-config file, if it has one."""
+    sources = [
+        ("--bootstrap", getattr(args, "bootstrap", None)),
+        (f"bootstrap.servers in {getattr(args, 'kafka_config', None)}", from_file),
+        (f"${ENV_BOOTSTRAP}", os.environ.get(ENV_BOOTSTRAP)),
+    ]
+    given = [(name, str(value)) for name, value in sources if value]
+    if given:
+        name, value = given[0]
+        overridden = [f"{other} ({v})" for other, v in given[1:] if v != value]
+        if overridden:
+            print(
+                f"codeclog: using the cluster at {value} from {name}; ignoring "
+                + ", ".join(overridden),
+                file=sys.stderr,
+            )
+        return value
     from codeclog.broker import local_bootstrap  # local import: broker pulls subprocess helpers
 
     data_dir = getattr(args, "data_dir", None) or default_data_dir()
     found = local_bootstrap(Path(data_dir))
     if found is None:
-        raise ConfigError(
+        raise NoClusterError(
             f"no Kafka cluster: no local broker is running for {data_dir}. "
             f"Run `codeclog broker start`, or pass --bootstrap / set {ENV_BOOTSTRAP}."
         )
@@ -153,10 +178,27 @@ def kafka_client_config(args: argparse.Namespace) -> dict[str, str]:
     path = getattr(args, "kafka_config", None)
     if path:
         config.update(read_properties(path))
-    explicit = getattr(args, "bootstrap", None) or os.environ.get(ENV_BOOTSTRAP)
-    if explicit or "bootstrap.servers" not in config:
-        config["bootstrap.servers"] = resolve_bootstrap(args)
+        check_client_properties(config, f"--kafka-config {path}")
+    config["bootstrap.servers"] = resolve_bootstrap(args, config.get("bootstrap.servers"))
     return config
+
+
+def check_client_properties(props: dict[str, str], source: str) -> None:
+    """Let librdkafka judge the properties (unknown names, bad values) before any client
+    connects: a client built from them alone, no bootstrap, so nothing connects."""
+    from confluent_kafka import KafkaException, Producer
+
+    quiet = logging.getLogger("codeclog.kafka.config-check")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    settings: dict[str, Any] = {k: v for k, v in props.items() if k != "bootstrap.servers"}
+    settings["logger"] = quiet
+    try:
+        Producer(settings)
+    except (KafkaException, ValueError, TypeError) as exc:
+        error = exc.args[0] if exc.args else exc
+        text = error.str() if hasattr(error, "str") else str(error)
+        raise ConfigError(f"{source}: {' '.join(str(text).split())}") from exc
 
 
 def topics_config(args: argparse.Namespace) -> TopicsConfig:

@@ -41,6 +41,18 @@ from vocoder.shared import pcm_s16le, stream_seed
 
 Event = CodecChunk | ControlEvent
 KEY_MISMATCH = "key_mismatch"  # dead-letter reason: the record key is not the chunk's request id
+MISSING_KEY = "missing_key"  # dead-letter reason: a record without a key (its body names one)
+# A dead letter must always fit the dead-letter topic (the broker's default max.message.bytes
+# is 1 MiB, and a refused input can be just under it): a raw value and key up to this many
+# bytes are kept whole; beyond, a prefix of DEAD_LETTER_PREFIX_BYTES is kept, with the size and
+# SHA-256 of the whole (raw_value_truncated). Text fields are cut to DEAD_LETTER_TEXT_CHARS.
+# The consumer lowers the limit to the dead-letter topic's own max.message.bytes minus
+# DEAD_LETTER_HEADROOM_BYTES when that is smaller (PipelineConfig.dead_letter_raw_limit).
+DEAD_LETTER_RAW_LIMIT = 900_000
+DEAD_LETTER_HEADROOM_BYTES = 64 * 1024  # metadata, cut texts and key, batch overhead
+DEAD_LETTER_PREFIX_BYTES = 64 * 1024
+DEAD_LETTER_KEY_BYTES = 4096
+DEAD_LETTER_TEXT_CHARS = 8192
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,6 +164,7 @@ class PipelineConfig:
     keep_pcm: bool = False  # keep each request's PCM in memory (replay --wav-dir)
     record_audio: bool = False  # keep per-request window accounting for reports
     producer_id: str = ""
+    dead_letter_raw_limit: int = DEAD_LETTER_RAW_LIMIT  # raw bytes a dead letter keeps whole
 
 
 class AudioPipeline:
@@ -280,8 +293,18 @@ class AudioPipeline:
             reason = RejectReason.UNDECODABLE_RECORD.value
             out.dead_letters.append(self._dead_letter(record, reason, details, ""))
             return None
+        if record.key is None and event.request_id:
+            # The key decides the partition, so a keyless record may sit beside other
+            # requests' records and break recovery, which re-reads a partition by key.
+            details = {"request_id": event.request_id}
+            out.dead_letters.append(
+                self._dead_letter(
+                    record, MISSING_KEY, details, "the record has no key", event.request_id
+                )
+            )
+            return None
         if record.key is not None and record.key != event.request_id.encode():
-            details = {"key": record.key.decode("utf-8", "replace")}
+            details = {"key": _cut(record.key.decode("utf-8", "replace"), 256)}
             out.dead_letters.append(
                 self._dead_letter(record, KEY_MISMATCH, details, "", event.request_id)
             )
@@ -507,21 +530,37 @@ class AudioPipeline:
     ) -> DeadLetter:
         if request_id is None and record.key is not None:
             request_id = record.key.decode("utf-8", "replace")
+        value, key = record.value, record.key
+        limit = self.config.dead_letter_raw_limit
+        truncated = len(value) + len(key or b"") > limit
+        if key is not None and len(key) > DEAD_LETTER_KEY_BYTES:
+            details = {**details, "raw_key_size": len(key), "raw_key_truncated": True}
+            key = key[:DEAD_LETTER_KEY_BYTES]
+        text = json.dumps(details, sort_keys=True, separators=(",", ":"), default=str)
+        if len(text) > DEAD_LETTER_TEXT_CHARS:
+            text = json.dumps({"truncated_details": _cut(text, DEAD_LETTER_TEXT_CHARS - 64)})
         return DeadLetter(
             reason=reason,
             source_topic=record.position.topic,
             source_partition=record.position.partition,
             source_offset=record.position.offset,
-            raw_value=record.value,
-            raw_key=record.key,
-            request_id=request_id,
+            raw_value=value[: min(DEAD_LETTER_PREFIX_BYTES, limit)] if truncated else value,
+            raw_key=key,
+            request_id=None if request_id is None else _cut(request_id, DEAD_LETTER_KEY_BYTES),
             cache_epoch=_int_or_none(details.get("cache_epoch")),
             chunk_seq=_int_or_none(details.get("chunk_seq")),
-            details_json=json.dumps(details, sort_keys=True, separators=(",", ":"), default=str),
-            error=error,
+            details_json=text,
+            error=_cut(error, DEAD_LETTER_TEXT_CHARS),
             dead_lettered_at_ms=self._clock_ms(),
             producer_id=self.config.producer_id,
+            raw_value_truncated=truncated,
+            raw_value_size=len(value),
+            raw_value_sha256=hashlib.sha256(value).hexdigest(),
         )
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -69,10 +69,10 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 
-from codeclog.errors import CodeclogError
+from codeclog.errors import UsageError
 
 
-class LagConfigError(CodeclogError):
+class LagConfigError(UsageError):
     """An evaluator setting is out of range."""
 
 

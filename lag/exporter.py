@@ -44,7 +44,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, UsageError
 from lag.evaluator import GroupRule, GroupStatus, PartitionStatus
 from lag.measure import MeasureError
 from lag.monitor import LagMonitor
@@ -80,6 +80,10 @@ HELP = {
 
 class ExporterError(CodeclogError):
     """The exporter cannot run: prometheus-client missing, or the port cannot be bound."""
+
+
+class ServeError(ExporterError, UsageError):
+    """The metrics port cannot be bound (in use, out of range): a configuration error."""
 
 
 class MetricsUnavailableError(ExporterError):
@@ -228,7 +232,7 @@ def serve(collector: LagCollector, port: int, address: str) -> int:
     try:
         server, _thread = prometheus.start_http_server(port, addr=address, registry=registry)
     except OSError as exc:
-        raise ExporterError(f"cannot serve metrics on {address}:{port}: {exc.strerror}") from exc
+        raise ServeError(f"cannot serve metrics on {address}:{port}: {exc.strerror}") from exc
     return int(server.server_port)
 
 

@@ -76,7 +76,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, UsageError
 from lag.evaluator import offset_lag
 from schemas import wire
 from schemas.records import FRAME_SECONDS, CodecChunk
@@ -102,7 +102,7 @@ class MeasureError(CodeclogError):
     """The cluster could not be asked (unreachable, unknown topic, request failed)."""
 
 
-class ClientConfigError(MeasureError):
+class ClientConfigError(MeasureError, UsageError):
     """The Kafka client configuration or a measurer setting is invalid (a usage error)."""
 
 

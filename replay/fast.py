@@ -29,7 +29,7 @@ from codeclog.cores import one_per_core
 from consumers.fold.machine import FoldConfig, FoldState, Policy, fold, new_state
 from consumers.fold.outcomes import Reject, RejectReason
 from consumers.fold.report import ReportBuilder
-from consumers.pipeline import KEY_MISMATCH
+from consumers.pipeline import KEY_MISMATCH, MISSING_KEY
 from replay.columns import CaptureTable
 from replay.lanes import plain_lane
 from schemas.columnar import Bools, Int64s, decode_spans
@@ -270,6 +270,9 @@ def _fold_rows(
                 dead[UNDECODABLE] += 1
                 continue
             key = keys[index]
+            if key is None and event.request_id:
+                dead[MISSING_KEY] += 1
+                continue
             if key is not None and key != event.request_id.encode():
                 dead[KEY_MISMATCH] += 1
                 continue

@@ -158,11 +158,12 @@ def _sound(columns: dict[str, Column], window: Int64s) -> Bools:
 
 
 def _keyed(request_ids: Column, keys: Column, buffer: Bytes) -> Bools:
-    """Rows whose record key is absent or is the bytes of their request id (else the pipeline
-    dead-letters them: key_mismatch). Both are spans in `buffer`, compared 16 bytes at a time."""
+    """Rows whose record key is the bytes of their request id (else the pipeline dead-letters
+    them: key_mismatch, or missing_key when there is no key). Both are spans in `buffer`,
+    compared 16 bytes at a time."""
     assert request_ids.lengths is not None and keys.lengths is not None
     present = np.ones(len(keys.values), dtype=bool) if keys.present is None else keys.present
-    same = ~present | (keys.lengths == request_ids.lengths)
+    same = present & (keys.lengths == request_ids.lengths)
     rows = np.flatnonzero(present & same)
     lengths = request_ids.lengths[rows]
     width = int(lengths.max()) if len(rows) else 0

@@ -96,7 +96,8 @@ class AudioChunk:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """A refused input: why, where it was in the stream, and the raw record, whole."""
+    """A refused input: why, where it was in the stream, and the raw record (whole, or a
+    bounded prefix with the size and SHA-256 of the whole when it would not fit the topic)."""
 
     reason: str  # a stable rejection reason (consumers.fold RejectReason value or decode reason)
     source_topic: str
@@ -111,6 +112,10 @@ class DeadLetter:
     error: str = ""  # human-readable message (exception text for vocoder failures)
     dead_lettered_at_ms: int = 0
     producer_id: str = ""
+    # v2: a value too large for the dead-letter topic is kept as a bounded prefix
+    raw_value_truncated: bool = False  # raw_value is only a prefix of the consumed value
+    raw_value_size: int = -1  # bytes of the whole consumed value (-1: v1, raw_value is whole)
+    raw_value_sha256: str = ""  # hex SHA-256 of the whole consumed value ("" in v1 records)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -133,6 +138,7 @@ class StreamCheckpoint:
     fold_state_json: str = ""  # consumers.fold.machine.export_request(), JSON; "" = unknown
     updated_at_ms: int = 0
     producer_id: str = ""
+    consumer_group: str = ""  # v2: whose progress this is ("" in v1 records: shared by all)
 
 
 def to_dict(record: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from codeclog.broker import BrokerSettings, BrokerStatus, BrokerStatusKind, LocalBroker
 from codeclog.config import ENV_DATA_DIR, ConfigError, default_data_dir
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, exit_code
 from codeclog.kafka_jars import ENV_KAFKA_LIBS, KAFKA_VERSION, JarFetcher
 
 DESCRIPTION = f"""\
@@ -80,14 +80,15 @@ def _add_start_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Errors a user can cause become one sentence on stderr and exit code 1."""
+    """Errors a user can cause become one sentence on stderr: exit 2 for a usage or
+    configuration error, else 1."""
 
     def run(args: argparse.Namespace) -> int:
         try:
             return func(args)
         except (CodeclogError, ConfigError) as exc:
             print(f"codeclog broker {args.broker_action}: {exc}", file=sys.stderr)
-            return 1
+            return exit_code(exc)
 
     return run
 

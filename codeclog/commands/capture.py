@@ -7,7 +7,7 @@ import sys
 import time
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, exit_code
 
 DESCRIPTION = """\
 Capture codec streams from the log into an Avro object container file (deflate), one record per
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (CodeclogError, ConfigError) as exc:
         print(f"codeclog capture: {exc}", file=sys.stderr)
-        return 1
+        return exit_code(exc)
     print(
         f"captured {summary.records_written} of {summary.records_read} records from {topic} "
         f"(offsets per partition {spans_json(summary.spans)}) into {args.out}"

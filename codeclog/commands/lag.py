@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, exit_code
 from lag.evaluator import EvaluatorConfig, GroupStatus, LagConfigError
 
 if TYPE_CHECKING:  # the runtime imports are local: `codeclog --help` need not load librdkafka
@@ -264,7 +264,7 @@ def _guarded(
             return EXIT_USAGE
         except CodeclogError as exc:
             print(f"codeclog {name}: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
+            return exit_code(exc)  # a usage error (e.g. the port is taken) is 2
         except BrokenPipeError:  # `codeclog lag --watch | head`: the reader left, not an error
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0

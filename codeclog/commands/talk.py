@@ -11,7 +11,7 @@ import time
 from typing import Any, TextIO
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, exit_code
 from producers.publisher import (
     KAFKA_LOGGER,
     ChunkPublisher,
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return _talk(args)
     except (CodeclogError, ConfigError) as exc:
         print(f"codeclog talk: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ValueError | ConfigError) else 1
+        return exit_code(exc)
 
 
 def _talk(args: argparse.Namespace) -> int:
@@ -134,7 +134,11 @@ def _talk(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.done()
     summary = _summary(args, topic, session_scripts, talker.stats, publisher.stats, result)
-    summary["undelivered"] = report.undelivered
+    # `undelivered`: records that did not reach the log, whatever the reason (equal to `failed`
+    # once every delivery report is in); what the final flush alone left is reported apart.
+    stats = publisher.stats
+    summary["undelivered"] = stats.failed + stats.in_flight
+    summary["unacknowledged_at_close"] = report.undelivered
     _print_summary(summary, as_json=args.json)
     _print_failures(publisher)
     return 0 if summary["failed"] == 0 else 1

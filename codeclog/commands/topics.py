@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, exit_code
 from codeclog.topics import TopicMismatchError, create_topics, format_config, list_topics
 
 DESCRIPTION = """\
@@ -73,7 +73,7 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
             return 1
         except (CodeclogError, ConfigError) as exc:
             print(f"codeclog topics {args.topics_action}: {exc}", file=sys.stderr)
-            return 1
+            return exit_code(exc)
 
     return run
 

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
-from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
+from codeclog.config import add_kafka_args, kafka_client_config, topics_config
+from codeclog.errors import EXIT_USAGE, CodeclogError, exit_code
 from consumers.fold.machine import Policy
 
 EPILOG = """\
-Exit codes: 0 stopped cleanly (SIGTERM/SIGINT finish the current step and commit it, or idle
-with --exit-when-idle); 1 infrastructure failure (Kafka unreachable, fenced, ...: the open
-transaction is aborted first); 3 strict policy hit a rejection (the upstream would have died).
+Exit codes (README, "Exit codes"): 0 stopped cleanly (SIGTERM/SIGINT finish the current step
+and commit it, or idle with --exit-when-idle); 1 infrastructure failure (no answer from the
+cluster, fenced, no commit for --outage-timeout after a failure, a stop that could not finish
+within --stop-timeout: the open transaction is aborted first); 2 usage or configuration (bad
+option, bad --kafka-config, metrics port in use); 3 strict policy hit a rejection (the upstream
+would have died).
 
 Examples:
   codeclog vocode                                # tiny model on CPU, tolerant policy
@@ -82,8 +87,44 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help="stop after this many seconds without input (tests, demos)",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every step")
+    parser.add_argument(
+        "--outage-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="after a failed transaction or Kafka call the member aborts, rebuilds and "
+        "retries; if nothing commits within this long it exits 1 (default 60)",
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=25.0,
+        metavar="SECONDS",
+        help="SIGTERM/SIGINT end the process within this long: the current step commits "
+        "(exit 0), or, if it cannot finish in time, exit 1 without it (default 25)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log every step and librdkafka's own lines"
+    )
     parser.set_defaults(func=run)
+
+
+def _refused(args: argparse.Namespace) -> str | None:
+    """Why these options cannot work (one sentence), or None. librdkafka aborts the whole
+    interpreter on some values (an empty group.id), so they are checked before any client."""
+    if not args.group.strip():
+        return "--group must not be empty"
+    if not args.instance_id.strip():
+        return "--instance-id must not be empty"
+    if args.max_records < 1 or args.max_open_streams < 1:
+        return "--max-records and --max-open-streams must be >= 1"
+    if args.decode_workers is not None and args.decode_workers < 1:
+        return "--decode-workers must be >= 1"
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        return f"--metrics-port must be a TCP port (0-65535), got {args.metrics_port}"
+    if not args.outage_timeout > 0 or not args.stop_timeout > 0:
+        return "--outage-timeout and --stop-timeout must be > 0"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,21 +139,33 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    # librdkafka's own lines (every failed reconnect, ...) are for -v; ours say what matters.
+    logging.getLogger("codeclog.kafka").setLevel(
+        logging.DEBUG if args.verbose else logging.CRITICAL
+    )
+    problem = _refused(args)
+    if problem:
+        print(f"codeclog vocode: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         client_config = kafka_client_config(args)
         topics = topics_config(args)
-    except ConfigError as exc:
+    except CodeclogError as exc:
         print(f"codeclog vocode: {exc}", file=sys.stderr)
-        return 2
-    if args.max_records < 1 or args.max_open_streams < 1:
-        print("codeclog vocode: --max-records and --max-open-streams must be >= 1", file=sys.stderr)
-        return 2
-    if args.decode_workers is not None and args.decode_workers < 1:
-        print("codeclog vocode: --decode-workers must be >= 1", file=sys.stderr)
-        return 2
+        return exit_code(exc)
     from consumers.metrics import VocoderMetrics
     from consumers.service import VocodeConfig, VocoderService
     from vocoder.engine import Code2WavEngine
+
+    try:  # before the (slow) model load: a port in use is reported at once
+        metrics = VocoderMetrics.create(args.metrics_port)
+    except OSError as exc:
+        print(
+            f"codeclog vocode: cannot serve metrics on port {args.metrics_port}: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
 
     try:
         engine = Code2WavEngine.from_spec(
@@ -120,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except Exception as exc:  # any load failure is reported in one sentence
         print(f"codeclog vocode: cannot load vocoder {args.vocoder!r}: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     config = VocodeConfig(
         group=args.group,
         instance_id=args.instance_id,
@@ -129,13 +182,15 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_records,
         max_open_streams=args.max_open_streams,
         exit_when_idle_s=args.exit_when_idle,
+        outage_timeout_s=args.outage_timeout,
+        stop_timeout_s=args.stop_timeout,
     )
     service = VocoderService(
         client_config,
         topics,
         config,
         engine,
-        VocoderMetrics.create(args.metrics_port),
+        metrics,
         stop_event=stop,
     )
     code = service.run()
@@ -143,9 +198,16 @@ def run(args: argparse.Namespace) -> int:
     # turn a clean stop into "killed by signal": we are stopping anyway.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stats = service.stats
-    print(
-        f"vocode: {stats['records']} records, {stats['windows']} audio windows, "
-        f"{stats['dead_letters']} dead letters in {stats['steps']} transactions",
-        file=sys.stderr,
-    )
+    if code == 0 or stats["steps"]:  # a failure to start is its one line, nothing more
+        print(
+            f"vocode: {stats['records']} records, {stats['windows']} audio windows, "
+            f"{stats['dead_letters']} dead letters in {stats['steps']} transactions",
+            file=sys.stderr,
+        )
+    if service.abandoned_clients:
+        # A producer given up on may still have a call inside librdkafka: destroying it at
+        # interpreter exit can block forever. Everything of ours is flushed or committed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code

@@ -122,6 +122,43 @@ def test_undecodable_bytes_and_key_mismatch_are_dead_lettered_whole() -> None:
     assert out.audio == []
 
 
+def test_a_record_without_a_key_is_dead_lettered_with_its_own_reason() -> None:
+    chunk = _stream("a")[0]
+    out = _pipeline(ArithmeticEngine()).step(
+        [InputRecord(Position("chunks", 0, 0), None, wire.encode(chunk))]
+    )
+    assert [(d.reason, d.request_id, d.raw_key) for d in out.dead_letters] == [
+        ("missing_key", "a", None)
+    ]
+    assert out.audio == [] and out.touched == {}
+
+
+def test_a_dead_letter_keeps_a_bounded_prefix_of_a_huge_value() -> None:
+    import hashlib
+    import json
+
+    from consumers.pipeline import DEAD_LETTER_PREFIX_BYTES, DEAD_LETTER_RAW_LIMIT
+
+    huge = wire.encode(_stream("a")[0]) + b"\x00" * DEAD_LETTER_RAW_LIMIT
+    small = b"\x00garbage"
+    key = b"k" * 10_000
+    out = _pipeline(ArithmeticEngine()).step(
+        [
+            InputRecord(Position("chunks", 0, 0), b"a", huge),
+            InputRecord(Position("chunks", 0, 1), key, small),
+        ]
+    )
+    letter, keyed = out.dead_letters
+    assert letter.raw_value_truncated and letter.raw_value == huge[:DEAD_LETTER_PREFIX_BYTES]
+    assert letter.raw_value_size == len(huge)
+    assert letter.raw_value_sha256 == hashlib.sha256(huge).hexdigest()
+    assert len(wire.encode(letter)) < DEAD_LETTER_PREFIX_BYTES + 2048
+    assert not keyed.raw_value_truncated and keyed.raw_value == small
+    assert keyed.raw_value_size == len(small) and len(keyed.raw_key or b"") == 4096
+    assert json.loads(keyed.details_json)["raw_key_size"] == 10_000
+    assert len(wire.encode(keyed)) < 32_000
+
+
 def test_rebuilt_streams_continue_byte_identically() -> None:
     records = _records(_interleave(_stream("a", 5), _stream("b", 5)))
     whole = _pipeline(ArithmeticEngine()).step(records).audio

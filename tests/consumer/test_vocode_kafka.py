@@ -97,7 +97,7 @@ def test_sigkill_at_random_points_keeps_audio_exactly_once(stack: Any, tiny_engi
     rng = random.Random(1234)
     for _ in range(6):
         process = stack.vocode("k", "--max-records", "8", idle_s=30)  # small steps: many commits
-        stack.wait_for_log(process, "open streams up to offset", 120)
+        stack.wait_for_log(process, "state restored in", 120)
         time.sleep(rng.uniform(0.5, 4.0))  # somewhere inside a step, or between two
         process.send_signal(signal.SIGKILL)
         process.wait()
@@ -114,9 +114,9 @@ def test_two_members_and_a_rebalance_mid_stream_keep_audio_exactly_once(
 ) -> None:
     stack.publish_sessions(sessions=6, seconds=6, seed=9)
     first = stack.vocode("a", idle_s=120)
-    stack.wait_for_log(first, "open streams up to offset", 120)
+    stack.wait_for_log(first, "state restored in", 120)
     second = stack.vocode("b", idle_s=10)  # joins: partitions move while streams are open
-    stack.wait_for_log(second, "open streams up to offset", 120)
+    stack.wait_for_log(second, "state restored in", 120)
     stack.publish_sessions(sessions=6, seconds=6, seed=10)
     time.sleep(1.0)
     first.send_signal(signal.SIGTERM)  # leaves mid-stream: its partitions move again

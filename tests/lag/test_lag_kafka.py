@@ -273,7 +273,10 @@ def test_lag_command_json(
     assert cli.main([*argv, "--json", "--check"]) == 0
     decoded = json.loads(capsys.readouterr().out)
     assert decoded["status"] == "OK" and decoded["partitions"][0]["lag"] == 0
-    assert cli.main([*argv, "--topic", unique_name("missing")]) == 1
+    missing = unique_name("missing")
+    assert cli.main([*argv, "--topic", missing]) == 1  # a failure (README, "Exit codes")
+    assert "does not exist" in capsys.readouterr().err
+    assert cli.main([*argv, "--topic", missing, "--check"]) == 1  # --check: could not be measured
     assert "does not exist" in capsys.readouterr().err
 
 

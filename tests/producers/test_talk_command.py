@@ -40,6 +40,33 @@ def test_unreachable_cluster_is_one_sentence_and_exit_1(
     assert err.count("\n") == 1
 
 
+def test_undelivered_counts_every_record_that_failed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every delivery times out (a broker gone mid-run): the JSON's `undelivered` agrees with
+    `failed` (it used to say 0 next to "failed": 21, counting only what the final flush left)."""
+    from confluent_kafka import KafkaError
+
+    from codeclog.commands import talk
+    from producers.publisher import ChunkPublisher
+    from tests.producers.test_publisher_fake_producer import FakeProducer
+
+    def failing(settings: dict[str, object]) -> FakeProducer:
+        producer = FakeProducer(settings)
+        producer.outcome = KafkaError(KafkaError._MSG_TIMED_OUT)
+        return producer
+
+    monkeypatch.setattr(talk, "topic_partition_count", lambda *a, **k: 2)
+    monkeypatch.setattr(
+        talk, "ChunkPublisher", lambda c, p: ChunkPublisher(c, p, producer_factory=failing)
+    )
+    argv = ["talk", "--bootstrap", "127.0.0.1:9", "--seconds", "2", "--json", "--quiet"]
+    assert main(argv) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["delivered"] == 0 and summary["failed"] == summary["published"] > 0
+    assert summary["undelivered"] == summary["failed"]
+
+
 def test_help_teaches(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["talk", "--help"])

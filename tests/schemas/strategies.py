@@ -88,6 +88,9 @@ dead_letters = st.builds(
     error=TEXT,
     dead_lettered_at_ms=INT64,
     producer_id=TEXT,
+    raw_value_truncated=st.booleans(),
+    raw_value_size=INT64,
+    raw_value_sha256=TEXT,
 )
 stream_checkpoints = st.builds(
     StreamCheckpoint,
@@ -103,5 +106,6 @@ stream_checkpoints = st.builds(
     fold_state_json=TEXT,
     updated_at_ms=INT64,
     producer_id=TEXT,
+    consumer_group=TEXT,
 )
 records = st.one_of(codec_chunks, control_events, audio_chunks, dead_letters, stream_checkpoints)

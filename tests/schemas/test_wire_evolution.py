@@ -236,3 +236,87 @@ def test_latest_audio_reads_with_the_v1_reader_schema() -> None:
     expected = to_dict(audio)
     del expected["determinism_domain"]
     assert values == expected
+
+
+# Written by dead_letter.v1 and stream_checkpoint.v1 (fastavro, before their v2 existed) and
+# never regenerated: old dead letters and checkpoints on the topics stay readable.
+V1_GOLDEN_DEAD_LETTER = bytes.fromhex(
+    "c301d699bc2c63d848411c747261696c696e675f627974657318636f6465632e6368756e6b7304520ac3016162"
+    "6302047231020472310000447b226465636f64655f726561736f6e223a22747261696c696e675f627974657322"
+    "7d303320627974657320616674657220746865207265636f7264f681e682b96624636f6465636c6f672d766f63"
+    "6f6465722d30"
+)
+V1_GOLDEN_CHECKPOINT = bytes.fromhex(
+    "c301b84761925d27020d04723118636f6465632e6368756e6b730401023c520680e508047b7df681e682b96624"
+    "636f6465636c6f672d766f636f6465722d30"
+)
+
+
+def test_golden_v1_dead_letter_decodes_into_latest_as_whole_and_untruncated() -> None:
+    from schemas.records import DeadLetter
+
+    assert wire.known_fingerprints()[V1_GOLDEN_DEAD_LETTER[2:10].hex()] == "dead_letter.v1"
+    letter = wire.decode(V1_GOLDEN_DEAD_LETTER)
+    assert letter == DeadLetter(
+        reason="trailing_bytes",
+        source_topic="codec.chunks",
+        source_partition=2,
+        source_offset=41,
+        raw_value=b"\xc3\x01abc",
+        raw_key=b"r1",
+        request_id="r1",
+        details_json='{"decode_reason":"trailing_bytes"}',
+        error="3 bytes after the record",
+        dead_lettered_at_ms=1_760_000_000_123,
+        producer_id="codeclog-vocoder-0",
+        raw_value_truncated=False,  # the v2 defaults: v1 always carried the whole value
+        raw_value_size=-1,
+        raw_value_sha256="",
+    )
+
+
+def test_golden_v1_checkpoint_decodes_into_latest_without_a_group() -> None:
+    from schemas.records import StreamCheckpoint
+
+    assert wire.known_fingerprints()[V1_GOLDEN_CHECKPOINT[2:10].hex()] == "stream_checkpoint.v1"
+    checkpoint = wire.decode(V1_GOLDEN_CHECKPOINT)
+    assert checkpoint == StreamCheckpoint(
+        "r1",
+        "codec.chunks",
+        2,
+        True,
+        1,
+        30,
+        41,
+        3,
+        72000,
+        "{}",
+        1_760_000_000_123,
+        "codeclog-vocoder-0",
+        consumer_group="",
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "dropped"),
+    [
+        ("dead_letter", {"raw_value_truncated", "raw_value_size", "raw_value_sha256"}),
+        ("stream_checkpoint", {"consumer_group"}),
+    ],
+)
+def test_v2_reads_with_the_v1_reader_schema(name: str, dropped: set[str]) -> None:
+    """Write-new/read-old: a consumer still on v1 reads v2 dead letters and checkpoints."""
+    golden = V1_GOLDEN_DEAD_LETTER if name == "dead_letter" else V1_GOLDEN_CHECKPOINT
+    record = wire.decode(golden)
+    extra = (
+        {"consumer_group": "g"}
+        if name == "stream_checkpoint"
+        else {"raw_value_truncated": True, "raw_value_size": 9, "raw_value_sha256": "ab"}
+    )
+    data = wire.encode(dataclasses.replace(record, **extra))  # type: ignore[arg-type]
+    v1 = parse_schema(json.loads(wire.schema_json(name, 1)))
+    values = schemaless_reader(io.BytesIO(data[10:]), wire.registry().latest[name].parsed, v1)
+    expected = to_dict(record)
+    for field in dropped:
+        del expected[field]
+    assert values == expected

@@ -34,7 +34,9 @@ RELEASED = {
     "2c1f915c3a872f97": "codec_chunk.v2",
     "1bbfab44b732974c": "control_event.v1",
     "d699bc2c63d84841": "dead_letter.v1",
+    "03e98d1a172905bc": "dead_letter.v2",
     "b84761925d27020d": "stream_checkpoint.v1",
+    "c3d0fa1ca3185807": "stream_checkpoint.v2",
 }
 
 EMPTY_RABIN = 0xC15D213AA4D7A795  # Avro spec: the fingerprint of the empty input

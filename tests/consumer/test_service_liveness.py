@@ -1,0 +1,124 @@
+"""The consumer's liveness bounds without a broker: a stuck librdkafka call is abandoned, the
+producer is replaced, an outage ends in exit 1, being fenced ends the member. (The real broker
+crash is in test_vocode_faults.py.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from codeclog.config import TopicsConfig
+from consumers import service as service_module
+from consumers.pipeline import StepOutput
+from consumers.service import InfrastructureError, StuckCallError, VocodeConfig, VocoderService
+
+
+def _service(**config: Any) -> VocoderService:
+    return VocoderService({}, TopicsConfig(), VocodeConfig(**config), engine=None)  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def _short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service_module, "CALL_GRACE_S", 0.1)
+
+
+def test_a_call_past_its_timeout_is_abandoned_as_stuck() -> None:
+    service = _service(kafka_timeout_s=0.1)
+    release = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(StuckCallError, match="send_offsets_to_transaction did not return"):
+        service._bounded("send_offsets_to_transaction", release.wait)
+    assert time.monotonic() - started < 1.0
+    release.set()
+    assert service._bounded("quick", lambda: 7) == 7
+    with pytest.raises(ValueError, match="boom"):
+        service._bounded("raises", lambda: (_ for _ in ()).throw(ValueError("boom")))
+
+
+class StuckCommit:
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.release.wait()
+
+
+def test_a_stuck_commit_is_abandoned_and_reported_once() -> None:
+    service = _service(kafka_timeout_s=0.1)
+    producer = StuckCommit()
+    service._producer = producer  # type: ignore[assignment]
+    service._committing = threading.Thread(target=service._commit, args=(StepOutput(), 0.0))
+    service._committing.start()
+    service._join_commit()  # a rebalance callback: bounded, never raises
+    assert service._committing is None
+    with pytest.raises(StuckCallError, match="commit_transaction"):
+        service._await_commit()
+    producer.release.set()  # it returns late: it no longer counts
+    time.sleep(0.1)
+    assert service.stats["steps"] == 0
+    service._await_commit()
+
+
+def test_a_stuck_call_marks_the_producer_for_replacement() -> None:
+    service = _service()
+    service._handle_transaction_error(StuckCallError("send_offsets_to_transaction", 15))
+    assert service._producer_wedged
+
+
+def test_being_fenced_ends_the_member() -> None:
+    service = _service()
+    fenced = KafkaException(
+        KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
+    )
+    with pytest.raises(InfrastructureError, match="fenced"):
+        service._handle_transaction_error(fenced)
+
+
+def test_failures_past_the_outage_timeout_end_the_member() -> None:
+    service = _service(outage_timeout_s=0.5)
+    error = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+    service._note_failure(error)  # the first failure starts the clock
+    for _ in range(4):  # failures keep coming (each recovery attempt fails)
+        time.sleep(0.1)
+        service._note_failure(error)
+    time.sleep(0.2)
+    with pytest.raises(InfrastructureError, match="no transaction committed for"):
+        service._note_failure(error)
+
+
+def test_a_failure_long_after_the_last_one_starts_the_clock_again() -> None:
+    service = _service(outage_timeout_s=0.2)
+    error = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+    service._note_failure(error)
+    time.sleep(0.3)  # healthy and idle meanwhile: nothing failed, nothing committed
+    service._note_failure(error)  # a new outage, not the old one going on
+
+
+def test_a_commit_resets_the_outage_clock() -> None:
+    service = _service(outage_timeout_s=0.2)
+
+    class Commits:
+        def commit_transaction(self, timeout: float) -> None:
+            return None
+
+    service._note_failure(KafkaException(KafkaError(KafkaError._TRANSPORT, "down")))
+    service._producer = Commits()  # type: ignore[assignment]
+    service._commit(StepOutput(), 0.0)
+    assert service._failing_since is None
+
+
+def test_sigterm_ends_a_stuck_member_within_the_stop_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(service_module.os, "_exit", exits.append)
+    service = _service(stop_timeout_s=0.2)
+    watchdog = threading.Thread(target=service._stop_watchdog)
+    watchdog.start()
+    service.stop()  # SIGTERM; the step never finishes (nothing sets _finished)
+    watchdog.join(3)
+    assert exits == [1]
