@@ -37,6 +37,7 @@ class VocoderMetrics:
     recoveries: Any
     pauses: Any
     paused_partitions: Any
+    domain_changes: Any
 
     @classmethod
     def create(cls, port: int | None) -> VocoderMetrics:
@@ -100,6 +101,12 @@ class VocoderMetrics:
             paused_partitions=prom.Gauge(
                 "codeclog_vocoder_paused_partitions",
                 "Partitions paused now because the decoder is saturated",
+                registry=registry,
+            ),
+            domain_changes=prom.Counter(
+                "codeclog_vocoder_domain_changes",
+                "Open streams rebuilt in another determinism domain than their checkpoint's "
+                "(their audio continues within the cross-domain bound, not bytewise)",
                 registry=registry,
             ),
         )

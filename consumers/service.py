@@ -759,6 +759,7 @@ class VocoderService:
             updated_at_ms=now_ms,
             producer_id=self.config.transactional_id,
             consumer_group=self.config.group,
+            determinism_domain=self.pipeline.domain,
         )
 
     def _observe(self, out: StepOutput, step_s: float) -> None:
@@ -1009,6 +1010,7 @@ class VocoderService:
                 batch = []
         if batch:
             scratch.step(batch, emit=False)
+        self._check_domains(list(open_starts), checkpoints)
         for rid in open_starts:
             rebuilt = scratch.windows_emitted(rid)
             expected = checkpoints[rid].windows_emitted
@@ -1018,6 +1020,22 @@ class VocoderService:
                 )
         self.pipeline.adopt_streams(scratch, list(open_starts), tp.partition)
         self.metrics.recoveries.inc(len(open_starts))
+
+    def _check_domains(self, rids: list[str], checkpoints: dict[str, StreamCheckpoint]) -> None:
+        """A stream rebuilt in another determinism domain than the one that decoded it so far
+        continues with audio that differs from an uninterrupted run in the low bits: said in
+        the log and counted (README, "How recovery works"). Portable members never differ."""
+        for rid in rids:
+            written = checkpoints[rid].determinism_domain
+            if written and written != self.pipeline.domain:
+                log.warning(
+                    "request %s: checkpoint domain %s, rebuilding in domain %s: the audio "
+                    "continues within the cross-domain bound, not bytewise",
+                    rid,
+                    written,
+                    self.pipeline.domain,
+                )
+                self.metrics.domain_changes.inc()
 
 
 def progress_key(group: str, request_id: str) -> str:

@@ -139,6 +139,7 @@ class StreamCheckpoint:
     updated_at_ms: int = 0
     producer_id: str = ""
     consumer_group: str = ""  # v2: whose progress this is ("" in v1 records: shared by all)
+    determinism_domain: str = ""  # the decoding member's vocoder.domain; "" = unknown (v1)
 
 
 def to_dict(record: Any) -> dict[str, Any]:

@@ -122,3 +122,35 @@ def test_sigterm_ends_a_stuck_member_within_the_stop_timeout(
     service.stop()  # SIGTERM; the step never finishes (nothing sets _finished)
     watchdog.join(3)
     assert exits == [1]
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.count = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.count += amount
+
+
+class _DomainEngine:
+    domain = "portable1:torch2.15:x86_64"
+
+
+def test_a_stream_rebuilt_in_another_domain_is_logged_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from schemas.records import StreamCheckpoint
+
+    service = VocoderService({}, TopicsConfig(), VocodeConfig(), engine=_DomainEngine())  # type: ignore[arg-type]
+    service.metrics.domain_changes = counter = _Counter()
+
+    def checkpoint(domain: str) -> StreamCheckpoint:
+        return StreamCheckpoint("r", "t", 0, True, 0, 0, 5, 1, 960, determinism_domain=domain)
+
+    same, other, unknown = _DomainEngine.domain, "native:torch2.15:cpu:GenuineIntel:AVX2:t1", ""
+    checkpoints = {"a": checkpoint(same), "b": checkpoint(other), "c": checkpoint(unknown)}
+    with caplog.at_level("WARNING"):
+        service._check_domains(["a", "b", "c"], checkpoints)
+    assert counter.count == 1
+    assert f"request b: checkpoint domain {other}, rebuilding in domain {same}" in caplog.text
+    assert "request a" not in caplog.text and "request c" not in caplog.text

@@ -73,6 +73,14 @@ def test_portable_audio_verifies_bytewise_and_a_capture_replays_to_its_bytes(
     assert report.ok, report.to_dict()
     assert domains == [frozenset({portable_engine.domain})]
     assert report.comparisons == {"bytes": report.expected_windows} and not report.corrupt
+    checkpoints = [
+        wire.decode(record.value)
+        for partition in range(stack.topics.partitions)
+        for record in read_partition(stack.client, stack.topics.progress, partition, 0, None)
+        if record.value
+    ]
+    assert checkpoints
+    assert {c.determinism_domain for c in checkpoints} == {portable_engine.domain}  # type: ignore[union-attr]
     capture = tmp_path / "input.ocf"
     cluster = ["--bootstrap", stack.bootstrap]
     assert main(["capture", "--topic", stack.topics.chunks, "--out", str(capture), *cluster]) == 0

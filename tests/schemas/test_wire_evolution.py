@@ -294,6 +294,7 @@ def test_golden_v1_checkpoint_decodes_into_latest_without_a_group() -> None:
         1_760_000_000_123,
         "codeclog-vocoder-0",
         consumer_group="",
+        determinism_domain="",
     )
 
 
@@ -301,7 +302,7 @@ def test_golden_v1_checkpoint_decodes_into_latest_without_a_group() -> None:
     ("name", "dropped"),
     [
         ("dead_letter", {"raw_value_truncated", "raw_value_size", "raw_value_sha256"}),
-        ("stream_checkpoint", {"consumer_group"}),
+        ("stream_checkpoint", {"consumer_group", "determinism_domain"}),
     ],
 )
 def test_v2_reads_with_the_v1_reader_schema(name: str, dropped: set[str]) -> None:
@@ -309,7 +310,7 @@ def test_v2_reads_with_the_v1_reader_schema(name: str, dropped: set[str]) -> Non
     golden = V1_GOLDEN_DEAD_LETTER if name == "dead_letter" else V1_GOLDEN_CHECKPOINT
     record = wire.decode(golden)
     extra = (
-        {"consumer_group": "g"}
+        {"consumer_group": "g", "determinism_domain": "portable1:torch2.15:x86_64"}
         if name == "stream_checkpoint"
         else {"raw_value_truncated": True, "raw_value_size": 9, "raw_value_sha256": "ab"}
     )

@@ -36,7 +36,7 @@ RELEASED = {
     "d699bc2c63d84841": "dead_letter.v1",
     "03e98d1a172905bc": "dead_letter.v2",
     "b84761925d27020d": "stream_checkpoint.v1",
-    "c3d0fa1ca3185807": "stream_checkpoint.v2",
+    "3604587b7d5af268": "stream_checkpoint.v2",
 }
 
 EMPTY_RABIN = 0xC15D213AA4D7A795  # Avro spec: the fingerprint of the empty input
