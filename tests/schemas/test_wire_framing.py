@@ -20,6 +20,9 @@ from schemas.records import (
     ControlEvent,
     ControlKind,
     DeadLetter,
+    PayloadEntry,
+    PayloadEnvelope,
+    PayloadKind,
     StreamCheckpoint,
 )
 
@@ -34,6 +37,7 @@ RELEASED = {
     "2c1f915c3a872f97": "codec_chunk.v2",
     "1bbfab44b732974c": "control_event.v1",
     "d699bc2c63d84841": "dead_letter.v1",
+    "2d2862b058f3a6ef": "payload_envelope.v1",
     "b84761925d27020d": "stream_checkpoint.v1",
 }
 
@@ -107,6 +111,7 @@ def test_no_schema_uses_logical_types() -> None:
         AudioChunk("r", 0, (), 0, 0, 24000, b"", "", False),
         DeadLetter("x", "t", 0, 0, b""),
         StreamCheckpoint("r", "codec.chunks", 0, True, 0, 0, 0, 0, 0),
+        PayloadEnvelope("r", "1", "2", "r_1_0", (PayloadEntry((), PayloadKind.DICT),)),
     ],
     ids=lambda record: type(record).__name__,
 )
