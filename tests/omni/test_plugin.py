@@ -105,3 +105,12 @@ def test_entry_point_is_found_by_importlib_metadata_after_install(tmp_path: Path
     ]
     assert (tmp_path / "site" / "omni" / "plugin.py").is_file()
     assert (tmp_path / "site" / "schemas" / "avro" / "payload_envelope.v1.avsc").is_file()
+
+
+def test_the_plugin_connector_and_hook_import_without_torch_or_vllm() -> None:
+    code = (
+        "import sys, omni.plugin, omni.connector, omni.payload, producers.vllm_omni\n"
+        "omni.plugin.register()\n"
+        "assert not {'torch', 'vllm', 'vllm_omni'} & set(sys.modules), sorted(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
