@@ -181,3 +181,54 @@ def slot_constructor(record_type: type) -> Callable[..., Any]:
     exec(source, namespace)  # the generated function: plain slot stores, no lookups by name
     build: Callable[..., Any] = namespace["build"]
     return build
+
+
+class PayloadKind(enum.Enum):
+    """What one node of a generic payload is (`PayloadEntry.kind`)."""
+
+    NONE = "none"
+    BOOL = "bool"
+    INT = "int"
+    FLOAT = "float"
+    STR = "str"
+    BYTES = "bytes"
+    TENSOR = "tensor"  # a torch tensor: dtype, shape, raw little-endian C-order bytes
+    NDARRAY = "ndarray"  # a numpy array, the same way
+    DICT = "dict"  # a container: its children follow, their path one key longer
+    LIST = "list"
+    TUPLE = "tuple"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PayloadEntry:
+    """One node of a payload tree, in pre-order (a container comes before its children)."""
+
+    path: tuple[str, ...]  # dict keys (list/tuple indices as decimal strings) from the root
+    kind: PayloadKind
+    bool_value: bool | None = None
+    int_value: int | None = None
+    float_value: float | None = None
+    str_value: str | None = None
+    bytes_value: bytes | None = None  # bytes, or an array's raw data
+    dtype: str | None = None  # array element type, e.g. "int64", "bool", "bfloat16"
+    shape: tuple[int, ...] = ()  # array shape
+    source: str | None = None  # "codec_chunk.<field>": the value travels in the CodecChunk
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PayloadEnvelope:
+    """Any payload of a vllm-omni stage edge, typed: what the Kafka OmniConnector writes.
+
+    As a record value it carries a whole payload (any stage edge). As the `codeclog.payload`
+    header of a CodecChunk record it carries the payload's shape, with the values that the
+    chunk already holds referenced by `PayloadEntry.source` instead of repeated.
+    """
+
+    request_id: str  # the external request id (the Kafka key)
+    from_stage: str
+    to_stage: str
+    put_key: str  # the connector's put key, `{external_req_id}_{stage}_{chunk_id}`
+    entries: tuple[PayloadEntry, ...]  # the payload tree in pre-order
+    chunk_id: int | None = None  # parsed from put_key when it has that form
+    produced_at_ms: int = 0
+    producer_id: str = ""

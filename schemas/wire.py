@@ -35,11 +35,16 @@ from schemas.records import (
     ControlEvent,
     ControlKind,
     DeadLetter,
+    PayloadEntry,
+    PayloadEnvelope,
+    PayloadKind,
     StreamCheckpoint,
     slot_constructor,
 )
 
-Record: TypeAlias = CodecChunk | ControlEvent | AudioChunk | DeadLetter | StreamCheckpoint
+Record: TypeAlias = (
+    CodecChunk | ControlEvent | AudioChunk | DeadLetter | StreamCheckpoint | PayloadEnvelope
+)
 
 MARKER = b"\xc3\x01"  # SOE version 1 marker (Avro spec, "Single object encoding")
 FINGERPRINT_BYTES = 8
@@ -53,6 +58,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
     "audio_chunk": AudioChunk,
     "dead_letter": DeadLetter,
     "stream_checkpoint": StreamCheckpoint,
+    "payload_envelope": PayloadEnvelope,
 }
 
 _INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
@@ -292,7 +298,32 @@ _CONVERTERS: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
     "audio_chunk": (("chunk_seqs", tuple),),
     "dead_letter": (),
     "stream_checkpoint": (),
+    "payload_envelope": (("entries", lambda items: tuple(map(_entry_from_avro, items))),),
 }
+# Record value -> Avro value, where that is not the identity (tuples need none: fastavro writes
+# any sequence; enums are written as their values).
+_TO_AVRO: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
+    "control_event": (("kind", lambda kind: _enum_value(kind)),),
+    "payload_envelope": (("entries", lambda entries: [_entry_to_avro(e) for e in entries]),),
+}
+_ENTRY_CONSTRUCT = slot_constructor(PayloadEntry)
+_ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(PayloadEntry))
+
+
+def _entry_from_avro(values: dict[str, Any]) -> PayloadEntry:
+    values["path"] = tuple(values["path"])
+    values["kind"] = PayloadKind(values["kind"])
+    values["shape"] = tuple(values["shape"])
+    entry: PayloadEntry = _ENTRY_CONSTRUCT(*[values[name] for name in _ENTRY_FIELDS])
+    return entry
+
+
+def _entry_to_avro(entry: Any) -> Any:
+    if not isinstance(entry, PayloadEntry):
+        return entry  # the validator names what is wrong
+    values = {name: getattr(entry, name) for name in _ENTRY_FIELDS}
+    values["kind"] = _enum_value(entry.kind)
+    return values
 
 
 def _enum_value(value: Any) -> Any:
@@ -304,12 +335,12 @@ def _mapping(record_type: type[Record], name: str) -> RecordMapping:
         raise WireError(f"{record_type.__name__} must be a slotted dataclass without __post_init__")
     fields = dataclasses.fields(record_type)
     to_record = _CONVERTERS.get(name, ())
-    to_avro = tuple((field, _enum_value) for field, convert in to_record if convert is not tuple)
+    to_avro = _TO_AVRO.get(name, ())
     return RecordMapping(
         record_type=record_type,
         field_names=tuple(f.name for f in fields),
         to_record=to_record,
-        to_avro=to_avro,  # tuples need no conversion: fastavro writes any sequence
+        to_avro=to_avro,
         construct=slot_constructor(record_type),
     )
 

@@ -20,6 +20,9 @@ from schemas.records import (
     ControlEvent,
     ControlKind,
     DeadLetter,
+    PayloadEntry,
+    PayloadEnvelope,
+    PayloadKind,
     StreamCheckpoint,
 )
 
@@ -35,6 +38,7 @@ RELEASED = {
     "1bbfab44b732974c": "control_event.v1",
     "d699bc2c63d84841": "dead_letter.v1",
     "03e98d1a172905bc": "dead_letter.v2",
+    "2d2862b058f3a6ef": "payload_envelope.v1",
     "b84761925d27020d": "stream_checkpoint.v1",
     "3604587b7d5af268": "stream_checkpoint.v2",
 }
@@ -109,6 +113,7 @@ def test_no_schema_uses_logical_types() -> None:
         AudioChunk("r", 0, (), 0, 0, 24000, b"", "", False),
         DeadLetter("x", "t", 0, 0, b""),
         StreamCheckpoint("r", "codec.chunks", 0, True, 0, 0, 0, 0, 0),
+        PayloadEnvelope("r", "1", "2", "r_1_0", (PayloadEntry((), PayloadKind.DICT),)),
     ],
     ids=lambda record: type(record).__name__,
 )

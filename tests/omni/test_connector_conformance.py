@@ -1,0 +1,148 @@
+"""The documented OmniConnector contract, through the interface, on the real broker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from codeclog.broker import pick_free_port
+from omni.connector import CodeclogKafkaConnector
+from omni.payload import minicpmo_payload
+from schemas.records import CodecChunk
+
+pytestmark = pytest.mark.kafka
+WAIT_S = 60.0
+
+
+def _topic(bootstrap: str, name: str) -> str:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, 3, 1)])[name].result(30)
+    return name
+
+
+@pytest.fixture
+def pair(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> Iterator[tuple[CodeclogKafkaConnector, CodeclogKafkaConnector]]:
+    topic = _topic(kafka_bootstrap, unique_name("omni"))
+    base = {"bootstrap": kafka_bootstrap, "topic": topic}
+    sender = CodeclogKafkaConnector({**base, "stage_id": 1, "role": "sender"})
+    receiver = CodeclogKafkaConnector(
+        {**base, "stage_id": 2, "role": "receiver", "group_id": unique_name("recv")}
+    )
+    yield sender, receiver
+    sender.close()
+    receiver.close()
+
+
+def _wait(receiver: CodeclogKafkaConnector, key: str, frm: str = "1", to: str = "2") -> object:
+    got = receiver.get_with_deadline(frm, to, key, deadline=time.monotonic() + WAIT_S)
+    assert got is not None, receiver.health()
+    return got
+
+
+def _equal(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_equal, a, b))  # type: ignore[arg-type]
+    return type(a) is type(b) and a == b
+
+
+CHUNK = CodecChunk(
+    "req_a",
+    (4218, 4218, 4218, 7, 8, 9, 10),
+    code_flat_numel=7,
+    codec_chunk_frames=4,
+    codec_left_context_frames=3,
+    llm_output_text_utf8=b"hi",
+)
+
+
+def test_put_then_get_returns_an_equal_payload_once(
+    pair: tuple[CodeclogKafkaConnector, CodeclogKafkaConnector],
+) -> None:
+    sender, receiver = pair
+    codec = minicpmo_payload(CHUNK)
+    other = {"hidden": torch.arange(6, dtype=torch.float16).reshape(2, 3), "ids": [1, 2], "t": None}
+    ok, size, meta = sender.put("1", "2", "req_a_1_0", codec)
+    assert ok and size > 0 and meta is not None and meta["record"] == "codec_chunk"
+    ok, _, meta = sender.put("0", "1", "req_a_0_0", other)
+    assert ok and meta is not None and meta["record"] == "payload_envelope"
+
+    payload, got_size = _wait(receiver, "req_a_1_0")  # type: ignore[misc]
+    assert _equal(payload, codec) and got_size == size
+    assert _equal(_wait(receiver, "req_a_0_0", "0", "1")[0], other)  # type: ignore[index]
+    assert receiver.get("1", "2", "req_a_1_0") is None  # handed out once
+    health = receiver.health()
+    assert health["gets"] == 2 and health["failures"] == 0 and health["status"] == "ok"
+    assert sender.health()["puts"] == 2
+
+
+def test_get_before_put_is_none_and_keys_never_collide(
+    pair: tuple[CodeclogKafkaConnector, CodeclogKafkaConnector],
+) -> None:
+    sender, receiver = pair
+    assert receiver.get("1", "2", "r_1_0") is None
+    puts = {
+        ("1", "2", "r_1_0"): {"v": 1},
+        ("1", "2", "r_1_1"): {"v": 2},
+        ("1", "2", "r2_1_0"): {"v": 3},
+        ("0", "1", "r_1_0"): {"v": 4},  # the same key on another edge
+    }
+    for (frm, to, key), data in puts.items():
+        assert sender.put(frm, to, key, data)[0]
+    for (frm, to, key), data in puts.items():
+        assert _wait(receiver, key, frm, to)[0] == data  # type: ignore[index]
+
+
+def test_get_with_deadline_honours_the_deadline(
+    pair: tuple[CodeclogKafkaConnector, CodeclogKafkaConnector],
+) -> None:
+    _sender, receiver = pair
+    receiver.get("1", "2", "warm_1_0")  # starts the consumer
+    start = time.monotonic()
+    assert receiver.get_with_deadline("1", "2", "never_1_0", deadline=start + 0.5) is None
+    assert 0.45 <= time.monotonic() - start < 2.0
+    start = time.monotonic()
+    assert receiver.get_with_deadline("1", "2", "never_1_0", deadline=start - 1) is None
+    assert time.monotonic() - start < 0.5
+
+
+def test_cleanup_frees_a_request_and_close_is_idempotent(
+    pair: tuple[CodeclogKafkaConnector, CodeclogKafkaConnector],
+) -> None:
+    sender, receiver = pair
+    for i in range(3):
+        assert sender.put("1", "2", f"gone_1_{i}", {"i": i})[0]
+    assert sender.put("1", "2", "kept_1_0", {"i": 9})[0]
+    assert _wait(receiver, "kept_1_0")[0] == {"i": 9}  # type: ignore[index]
+    deadline = time.monotonic() + WAIT_S
+    while receiver.health()["index_entries"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert receiver.cleanup("gone") is True
+    assert receiver.health()["index_entries"] == 0
+    assert receiver.get("1", "2", "gone_1_0") is None
+    receiver.close()
+    receiver.close()
+    assert receiver.health()["status"] == "closed"
+    assert receiver.put("1", "2", "late_1_0", {}) == (False, 0, None)
+
+
+def test_put_never_raises_when_the_broker_is_down() -> None:
+    dead = f"127.0.0.1:{pick_free_port()}"
+    connector = CodeclogKafkaConnector({"bootstrap": dead, "delivery_timeout_ms": 1500})
+    start = time.monotonic()
+    assert connector.put("1", "2", "r_1_0", minicpmo_payload(CHUNK)) == (False, 0, None)
+    assert connector.put("1", "2", "r_1_1", {"x": object()}) == (False, 0, None)  # unsendable
+    assert time.monotonic() - start < 15
+    health = connector.health()
+    assert health["put_failures"] == 2 and health["last_error"]
+    connector.close()
+    connector.close()
