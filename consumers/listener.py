@@ -473,7 +473,7 @@ class AudioListener:
         try:
             for partition in partitions:
                 tp = TopicPartition(self.topic, partition)
-                low, high = scanner.get_watermark_offsets(tp, timeout=10, cached=False)
+                low, high = _watermarks(scanner, tp)
                 ends[partition] = high
                 if high <= low:
                     continue
@@ -524,7 +524,7 @@ class AudioListener:
         self.start()
         assignment = self._consumer.assignment()
         for tp in self._consumer.position(assignment):
-            low, high = self._consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            low, high = _watermarks(self._consumer, tp)
             if max(tp.offset, low) < high:
                 return False
         return True
@@ -540,6 +540,33 @@ class AudioListener:
             self._consumer.close()
             self._consumer = None
         return self.assembler.close(self._clock())
+
+
+_NO_LEADER_YET = frozenset(
+    (
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+    )
+)
+
+
+def _watermarks(consumer: Any, tp: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
+    """(low, high); retried while a fresh topic's partitions have no leader yet."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = isinstance(error, KafkaError) and (
+                error.retriable() or error.code() in _NO_LEADER_YET
+            )
+            if not retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _partitions_of(consumer: Any, topic: str) -> list[int]:

@@ -204,7 +204,8 @@ class FakeConsumer:
 
 
 def test_memory_stays_bounded_with_a_thousand_concurrent_requests() -> None:
-    """1,000 requests interleaved, 12 windows each, speculative duplicates of recent windows: what the listener holds never exceeds its bound, every window is played
+    """1,000 requests interleaved, 12 windows each, speculative duplicates of recent windows:
+    what the listener holds never exceeds its bound, every window is played
     exactly once, and nothing is held once every stream ended."""
     requests, windows = 1000, 12
     rng = random.Random(7)
