@@ -238,3 +238,26 @@ def test_memory_stays_bounded_with_a_thousand_concurrent_requests() -> None:
     assert listener.stats.duplicates == windows * 100 and listener.stats.mismatches == 0
     assert listener.assembler.open_streams() == 0 and listener.assembler.buffered_bytes() == 0
     assert listener.assembler.remembered_streams() <= config.max_open_streams + config.max_ended
+
+
+def test_listen_refuses_until_final_without_a_request(capsys: Any) -> None:
+    from codeclog.cli import main
+
+    assert main(["listen", "--until-final", "--bootstrap", "127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err.strip() == "codeclog listen: --until-final needs --request"
+
+
+def test_the_wav_sink_places_windows_by_sample_offset(tmp_path: Any) -> None:
+    import wave
+
+    from codeclog.commands.listen import Sink
+
+    a = Assembler()
+    out = a.offer(chunk("r/1", 0), 1.0) + a.offer(chunk("r/1", 2, final=True), 1.0)
+    sink = Sink(tmp_path, None)
+    for item in out:
+        sink.write(item)
+    sink.close()
+    with wave.open(str(tmp_path / "r_1.e0.wav"), "rb") as wav:
+        frames = wav.readframes(wav.getnframes())
+    assert frames == out[0].pcm + bytes(2 * WINDOW) + out[1].pcm
