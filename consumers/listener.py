@@ -498,7 +498,13 @@ class AudioListener:
     def poll(self, timeout_s: float = 0.1, max_records: int = 500) -> list[ListenerChunk]:
         self.start()
         try:
-            messages = self._consumer.consume(max_records, timeout_s)
+            # what is already fetched at once; only an empty queue waits for the first record
+            # (consume(n, timeout) alone waits the whole timeout unless n records are there)
+            messages = self._consumer.consume(max_records, 0)
+            if not messages:
+                messages = self._consumer.consume(1, timeout_s)
+                if messages and max_records > 1:
+                    messages.extend(self._consumer.consume(max_records - 1, 0))
         except KafkaException as exc:
             raise ListenerError(f"consume failed: {exc}") from exc
         now = self._clock()
