@@ -107,9 +107,9 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     committed = Follower(_listener(stack, Isolation.COMMITTED))
     speculative.start()
     committed.start()
-    stack.publish_sessions(sessions=8, seconds=8, seed=21)
+    stack.publish_sessions(sessions=6, seconds=6, seed=21)
     rng = random.Random(2222)
-    for _ in range(4):
+    for _ in range(3):
         process = stack.vocode("k", "--max-records", "8", idle_s=30)
         stack.wait_for_log(process, "open streams up to offset", 120)
         time.sleep(rng.uniform(0.3, 3.0))  # inside a step, its transaction open, or between
@@ -199,14 +199,14 @@ def test_a_listener_started_mid_stream_catches_up_from_the_current_epoch(
     from producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
     from producers.synthetic import SyntheticConfig, merged, play, scripts
 
-    steps = list(merged(scripts(SyntheticConfig(sessions=8, seconds=10, seed=31))))
+    steps = list(merged(scripts(SyntheticConfig(sessions=6, seconds=8, seed=31))))
     publisher = ChunkPublisher(
         stack.client, PublisherConfig(topic=stack.topics.chunks, producer_id="test-talker")
     )
     talker = Talker(publisher, producer_id="test-talker", native_duplex=True)
 
     def publish(part: list[Any]) -> None:
-        play(part, talker.apply, total_s=10, realtime=False, clock=time.monotonic,
+        play(part, talker.apply, total_s=8, realtime=False, clock=time.monotonic,
              sleep=time.sleep, now_ms=wall_clock_ms)  # fmt: skip
         assert publisher.flush(30) == 0
 
