@@ -17,6 +17,11 @@
    (about 15-20 windows/s against 100 needed), so its "added" column there is queueing behind
    the saturated vocoder; the instant rows isolate what the Kafka path itself costs (talker
    produce, fetch, fold, transactional produce + offsets + commit) at that load.
+3. Listener columns (issue 22): two `consumers.listener.AudioListener`s follow the audio topic
+   side by side in the same run, one committed (read_committed), one speculative
+   (read_uncommitted, first copy wins). For every window: produced_at of its newest chunk ->
+   the moment the listener's consume() returned it (its first copy). Target: speculative p99
+   <= 15 ms at 100 streams with the instant engine.
 
     python bench/bench_consumer.py                      # starts its own broker
     python bench/bench_consumer.py --kafka-engines instant --streams 100 --skip-batching
@@ -94,6 +99,31 @@ class InstantEngine:
         return None
 
 
+class ListenerProbe(threading.Thread):
+    """A listener on the audio topic recording produced_at -> visible for every window."""
+
+    def __init__(self, bootstrap: str, topic: str, isolation: Any) -> None:
+        super().__init__(daemon=True)
+        from consumers.listener import AudioListener
+
+        self.listener = AudioListener({"bootstrap.servers": bootstrap}, topic, isolation)
+        self.listener.start()
+        self.visible: list[tuple[int, float]] = []  # (produced_at ms, seconds until visible)
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            for item in self.listener.poll(0.05):
+                if item.pcm and item.source_produced_at_ms:
+                    delay = item.received_at - item.source_produced_at_ms / 1000
+                    self.visible.append((item.source_produced_at_ms, delay))
+        self.listener.close()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(30)
+
+
 def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dict[str, Any]:
     from codeclog.config import TopicsConfig
     from codeclog.topics import ensure_topics
@@ -126,6 +156,14 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
     service = Instrumented(client, topics, config, engine, stop_event=stop)
     thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
+    from consumers.listener import Isolation
+
+    probes = {
+        isolation: ListenerProbe(bootstrap, topics.audio, isolation)
+        for isolation in (Isolation.COMMITTED, Isolation.SPECULATIVE)
+    }
+    for probe in probes.values():
+        probe.start()
     time.sleep(3.0)  # join the group before the talker starts
     publisher = ChunkPublisher(client, PublisherConfig(topic=topics.chunks, producer_id="bench"))
     talker = Talker(publisher, producer_id="bench", native_duplex=True)
@@ -149,6 +187,8 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
         print(f"warning: not drained after 120 s: {'; '.join(undrained(drained))}", file=sys.stderr)
     stop.set()
     thread.join(30)
+    for probe in probes.values():
+        probe.stop()
     end_to_end, decode, added, arrive, in_step = [], [], [], [], []
     steady_ms = (time.time() - (time.monotonic() - started) + WARMUP_S) * 1000
     for step in steps:
@@ -162,7 +202,19 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
             arrive.append(e2e - step.step_s)  # produced -> polled by the consumer
             in_step.append(step.step_s - step.decode_s)  # fold, produce, offsets, commit
     windows = sum(s.windows for s in steps)
+    seen = {
+        isolation.value: [d for produced, d in probe.visible if produced >= steady_ms]
+        for isolation, probe in probes.items()
+    }
+    listeners = {
+        f"{name}_{q}_ms": _percentile(values, int(q[1:])) * 1000
+        for name, values in seen.items()
+        for q in ("p50", "p99")
+    }
+    listeners["speculative_duplicates"] = probes[Isolation.SPECULATIVE].listener.stats.duplicates
+    listeners["listener_windows"] = min(len(v) for v in seen.values())
     return {
+        **listeners,
         "streams": streams,
         "seconds": seconds,
         "windows": windows,
@@ -246,9 +298,10 @@ def main() -> int:
             print(
                 "| engine | streams | windows/s needed | windows/s done | e2e p50 / p99 ms "
                 "| decode (in-process) p50 / p99 ms | added by Kafka p50 / p99 ms "
-                "| of which produced -> polled | of which step minus decode |"
+                "| of which produced -> polled | of which step minus decode "
+                "| committed listener p50 / p99 ms | speculative listener p50 / p99 ms |"
             )
-            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             # throwaway runs first: a fresh broker loads its coordinators, and the engine its
             # lazily built pools, on first use; and a fresh JVM runs the broker's request paths
             # interpreted until its JIT has seen them thousands of times (measured: instant
@@ -265,7 +318,9 @@ def main() -> int:
                     f"| {r['decode_p50_ms']:.0f} / {r['decode_p99_ms']:.0f} "
                     f"| {r['added_p50_ms']:.0f} / {r['added_p99_ms']:.0f} "
                     f"| {r['arrive_p50_ms']:.0f} / {r['arrive_p99_ms']:.0f} "
-                    f"| {r['txn_p50_ms']:.0f} / {r['txn_p99_ms']:.0f} |",
+                    f"| {r['txn_p50_ms']:.0f} / {r['txn_p99_ms']:.0f} "
+                    f"| {r['committed_p50_ms']:.1f} / {r['committed_p99_ms']:.1f} "
+                    f"| {r['speculative_p50_ms']:.1f} / {r['speculative_p99_ms']:.1f} |",
                     flush=True,
                 )
         finally:

@@ -22,6 +22,7 @@ COMMANDS: tuple[str, ...] = (
     "codeclog.commands.talk",
     "codeclog.commands.vocode",
     "codeclog.commands.verify",
+    "codeclog.commands.listen",
     "codeclog.commands.capture",
     "codeclog.commands.replay",
     "codeclog.commands.diff",

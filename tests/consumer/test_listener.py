@@ -1,0 +1,263 @@
+"""The listener's assembly rules, without a broker: order, first copy wins, comparison of later
+copies, gaps, epochs, and bounded memory with 1,000 concurrent requests (a fake consumer)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+from typing import Any
+
+import numpy as np
+
+from consumers.listener import (
+    Assembler,
+    AudioListener,
+    Isolation,
+    ListenerChunk,
+    ListenerConfig,
+    StartMode,
+)
+from schemas import wire
+from schemas.records import AudioChunk
+
+WINDOW = 960  # samples per test window
+
+
+def chunk(
+    rid: str,
+    index: int,
+    epoch: int = 0,
+    final: bool = False,
+    domain: str = "d1",
+    pcm: bytes | None = None,
+    samples: int = WINDOW,
+) -> AudioChunk:
+    if pcm is None:
+        rng = np.random.default_rng(abs(hash((rid, epoch, index))) % 2**32)
+        pcm = rng.integers(-3000, 3000, samples, dtype="<i2").tobytes()
+    return AudioChunk(
+        request_id=rid,
+        cache_epoch=epoch,
+        chunk_seqs=(index,),
+        window_index=index,
+        sample_offset=index * samples,
+        sample_rate_hz=24000,
+        pcm_s16le=pcm,
+        sha256=hashlib.sha256(pcm).hexdigest(),
+        final=final,
+        source_produced_at_ms=1000,
+        determinism_domain=domain,
+    )
+
+
+def audio(out: list[ListenerChunk]) -> list[tuple[str, int, int]]:
+    return [(c.request_id, c.cache_epoch, c.window_index) for c in out if c.pcm]
+
+
+def test_windows_come_in_order_and_the_final_one_ends_the_stream() -> None:
+    a = Assembler()
+    out = a.offer(chunk("r", 0), 1.5) + a.offer(chunk("r", 1), 2.0)
+    out += a.offer(chunk("r", 2, final=True), 2.5)
+    assert audio(out) == [("r", 0, 0), ("r", 0, 1), ("r", 0, 2)]
+    assert [c.end for c in out] == [None, None, "final"]
+    report = a.ended("r")
+    assert report is not None and report.windows == 3 and report.samples == 3 * WINDOW
+    assert report.first_audio_latency_s == 0.5 and report.max_interval_s == 0.5
+    assert a.open_streams() == 0
+
+
+def test_first_copy_wins_and_identical_later_copies_are_dropped() -> None:
+    a = Assembler()
+    first = a.offer(chunk("r", 0), 1.0) + a.offer(chunk("r", 1), 1.0)
+    again = a.offer(chunk("r", 0), 2.0) + a.offer(chunk("r", 1), 2.0)
+    assert audio(first) == [("r", 0, 0), ("r", 0, 1)] and again == []
+    assert a.stats.duplicates == 2 and a.stats.mismatches == 0
+
+
+def test_a_different_later_copy_in_the_same_domain_is_a_mismatch_never_played() -> None:
+    a = Assembler()
+    a.offer(chunk("r", 0), 1.0)
+    other = bytes(2 * WINDOW)
+    assert a.offer(chunk("r", 0, pcm=other), 2.0) == []
+    assert a.stats.mismatches == 1 and a.stats.duplicates == 0
+
+
+def test_across_domains_later_copies_are_judged_by_the_bound() -> None:
+    a = Assembler()
+    original = chunk("r", 0, domain="native:a")
+    a.offer(original, 1.0)
+    samples = np.frombuffer(original.pcm_s16le, dtype="<i2").astype(np.int32)
+    near = (samples + 1).astype("<i2").tobytes()  # 1 LSB everywhere: rounding noise
+    far = (samples + 900).astype("<i2").tobytes()
+    assert a.offer(chunk("r", 0, domain="native:b", pcm=near), 2.0) == []
+    assert a.stats.differs_within_bound == 1 and a.stats.mismatches == 0
+    assert a.offer(chunk("r", 0, domain="native:b", pcm=far), 2.0) == []
+    assert a.stats.mismatches == 1 and a.stats.delivered == 1
+
+
+def test_a_copy_too_old_to_compare_is_counted_and_still_dropped() -> None:
+    a = Assembler(ListenerConfig(keep_digests=2))
+    for index in range(4):
+        a.offer(chunk("r", index), 1.0)
+    assert a.offer(chunk("r", 0), 2.0) == []
+    assert a.stats.uncompared == 1 and a.stats.delivered == 4
+
+
+def test_out_of_order_windows_are_held_then_delivered_in_order() -> None:
+    a = Assembler()
+    assert a.offer(chunk("r", 1), 1.0) == []
+    out = a.offer(chunk("r", 0), 1.1)
+    assert audio(out) == [("r", 0, 0), ("r", 0, 1)]
+
+
+def test_a_missing_window_is_skipped_at_the_final_window_and_reported() -> None:
+    a = Assembler()
+    a.offer(chunk("r", 0), 1.0)
+    out = a.offer(chunk("r", 2, final=True), 1.1)
+    assert audio(out) == [("r", 0, 2)] and out[0].gap_samples == WINDOW
+    report = a.ended("r")
+    assert report is not None and report.gap_windows == 1 and report.gap_samples == WINDOW
+
+
+def test_a_new_epoch_supersedes_the_open_one_and_old_epochs_are_ignored() -> None:
+    a = Assembler()
+    a.offer(chunk("r", 0, epoch=0), 1.0)
+    out = a.offer(chunk("r", 0, epoch=1), 2.0)
+    assert [(c.cache_epoch, c.end, bool(c.pcm)) for c in out] == [
+        (0, "superseded", False),
+        (1, None, True),
+    ]
+    assert a.offer(chunk("r", 1, epoch=0), 3.0) == []
+    assert a.stats.stale == 1
+
+
+def test_the_epoch_floor_skips_epochs_older_than_the_current_one_at_start() -> None:
+    a = Assembler(epoch_floor={"r": 2})
+    assert a.offer(chunk("r", 0, epoch=1), 1.0) == []
+    assert audio(a.offer(chunk("r", 0, epoch=2), 1.0)) == [("r", 2, 0)]
+    assert a.stats.skipped_old_epoch == 1
+
+
+def test_a_corrupt_copy_is_dropped_and_a_good_later_copy_plays() -> None:
+    a = Assembler()
+    good = chunk("r", 0)
+    bad = dataclasses.replace(good, pcm_s16le=bytes(2 * WINDOW))
+    assert a.offer(bad, 1.0) == [] and a.stats.corrupt == 1
+    assert audio(a.offer(good, 2.0)) == [("r", 0, 0)]
+
+
+def test_a_request_filter_keeps_only_those_requests() -> None:
+    a = Assembler(requests=["b"])
+    assert a.offer(chunk("a", 0), 1.0) == []
+    assert audio(a.offer(chunk("b", 0), 1.0)) == [("b", 0, 0)]
+
+
+def test_the_open_stream_cap_evicts_the_least_recently_opened() -> None:
+    a = Assembler(ListenerConfig(max_open_streams=2))
+    a.offer(chunk("a", 0), 1.0)
+    a.offer(chunk("b", 0), 1.0)
+    out = a.offer(chunk("c", 0), 1.0)
+    assert [(c.request_id, c.end) for c in out] == [("a", "evicted"), ("c", None)]
+    assert a.open_streams() == 2 and a.stats.evicted == 1
+
+
+class FakeMessage:
+    def __init__(self, partition: int, offset: int, value: bytes, key: bytes) -> None:
+        self._p, self._o, self._v, self._k = partition, offset, value, key
+
+    def error(self) -> None:
+        return None
+
+    def value(self) -> bytes:
+        return self._v
+
+    def key(self) -> bytes:
+        return self._k
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+
+class FakeConsumer:
+    """Plays a list of audio records, a batch per consume()."""
+
+    def __init__(self, values: list[bytes], keys: list[bytes]) -> None:
+        self.messages = [
+            FakeMessage(0, i, v, k) for i, (v, k) in enumerate(zip(values, keys, strict=True))
+        ]
+        self.at = 0
+
+    def assign(self, partitions: Any) -> None:
+        return None
+
+    def consume(self, n: int, timeout: float) -> list[FakeMessage]:
+        batch = self.messages[self.at : self.at + n]
+        self.at += len(batch)
+        return batch
+
+    def close(self) -> None:
+        return None
+
+
+def test_memory_stays_bounded_with_a_thousand_concurrent_requests() -> None:
+    """1,000 requests interleaved, 12 windows each, speculative duplicates of recent windows:
+    what the listener holds never exceeds its bound, every window is played
+    exactly once, and nothing is held once every stream ended."""
+    requests, windows = 1000, 12
+    rng = random.Random(7)
+    chunks: list[AudioChunk] = []
+    for index in range(windows):
+        row = [chunk(f"r{n:04d}", index, final=index == windows - 1) for n in range(requests)]
+        rng.shuffle(row)
+        chunks += row
+        chunks += rng.sample(row, 100)  # the committed copies of aborted windows
+    values = [wire.encode(c) for c in chunks]
+    fake = FakeConsumer(values, [c.request_id.encode() for c in chunks])
+    config = ListenerConfig(max_open_streams=requests)
+    listener = AudioListener(
+        {}, "audio", Isolation.SPECULATIVE, config=config, start=StartMode.BEGINNING,
+        partitions=[0], consumer_factory=lambda _: fake,
+    )  # fmt: skip
+    bound = listener.assembler.max_buffered_bytes(2 * WINDOW)
+    played: dict[tuple[str, int], int] = {}
+    worst = 0
+    while fake.at < len(fake.messages):
+        for delivered in listener.poll(max_records=250):
+            if delivered.pcm:
+                key = (delivered.request_id, delivered.window_index)
+                played[key] = played.get(key, 0) + 1
+        worst = max(worst, listener.assembler.buffered_bytes())
+    assert worst <= bound
+    # with keep_pcm=2, at most 2 windows of PCM per open stream plus what is pending
+    assert worst <= requests * (config.keep_pcm + config.max_pending) * 2 * WINDOW
+    assert len(played) == requests * windows and set(played.values()) == {1}
+    assert listener.stats.duplicates == windows * 100 and listener.stats.mismatches == 0
+    assert listener.assembler.open_streams() == 0 and listener.assembler.buffered_bytes() == 0
+    assert listener.assembler.remembered_streams() <= config.max_open_streams + config.max_ended
+
+
+def test_listen_refuses_until_final_without_a_request(capsys: Any) -> None:
+    from codeclog.cli import main
+
+    assert main(["listen", "--until-final", "--bootstrap", "127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err.strip() == "codeclog listen: --until-final needs --request"
+
+
+def test_the_wav_sink_places_windows_by_sample_offset(tmp_path: Any) -> None:
+    import wave
+
+    from codeclog.commands.listen import Sink
+
+    a = Assembler()
+    out = a.offer(chunk("r/1", 0), 1.0) + a.offer(chunk("r/1", 2, final=True), 1.0)
+    sink = Sink(tmp_path, None)
+    for item in out:
+        sink.write(item)
+    sink.close()
+    with wave.open(str(tmp_path / "r_1.e0.wav"), "rb") as wav:
+        frames = wav.readframes(wav.getnframes())
+    assert frames == out[0].pcm + bytes(2 * WINDOW) + out[1].pcm
