@@ -59,7 +59,7 @@ MAX_NODES = 9
 # Per node: the heap bound and what one node measured on this project's 2-core, 24 GB box.
 NODE_HEAP_MIN_MB = 128
 NODE_HEAP_MAX_MB = 512
-NODE_RSS_NOTE = "about 0.5-0.7 GB resident per node, about 2 GB for three"
+NODE_RSS_NOTE = "about 180 MB resident per node after start, at most about 0.7 GB, 2 GB for three"
 # Internal topics: few partitions keep a 2-core box responsive; more than one so that the
 # group and transaction coordinators of different ids can sit on different nodes.
 INTERNAL_PARTITIONS = 3

@@ -102,7 +102,8 @@ def _add_start_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="start a local cluster of N nodes (2..9; 3 is the tested shape) instead of one "
-        "broker (default: one broker, or the cluster the data dir already holds)",
+        "broker (default: one broker, or the cluster the data dir already holds); each node "
+        f"takes a {NODE_HEAP_MIN_MB}..{NODE_HEAP_MAX_MB} MiB heap ({NODE_RSS_NOTE})",
     )
     parser.add_argument(
         "--heap-max-mb",

@@ -173,7 +173,7 @@ def test_leader_sigkill_and_restart_mid_run_lose_and_duplicate_nothing(
         try:
             _wait(caught_up, CATCH_UP_TIMEOUT_S, "the vocoder catching up")
         except AssertionError as exc:
-            # Known and open (issue 19, the consumer under faults): in about half the runs
+            # Known and open (issue 19, the consumer under faults): in 2 of 6 runs so far
             # the vocoder makes no progress after the leader's SIGKILL (one step done, then
             # stuck). Loss or duplication would fail below; a stall is reported, not hidden.
             stuck = (exc, service.stats, _stack_of(runner))
