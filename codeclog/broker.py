@@ -321,14 +321,14 @@ def tcp_accepts(port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def metadata_lists_broker(bootstrap: str, timeout_s: float = 5.0) -> bool:
+def metadata_lists_broker(bootstrap: str, timeout_s: float = 5.0, node_id: int = NODE_ID) -> bool:
     """A real Kafka round trip: the cluster metadata names our node."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except Exception:  # KafkaException and transport errors: not ready yet
         return False
-    return NODE_ID in metadata.brokers
+    return node_id in metadata.brokers
 
 
 def pid_runs_broker(pid: int, properties_path: Path) -> bool:
@@ -420,7 +420,14 @@ def _check_java_version(java: str) -> None:
 
 
 class LocalBroker:
-    """One broker for one data dir. Lifecycle: configure (validate), start, stop; status."""
+    """One broker for one data dir. Lifecycle: configure (validate), start, stop; status.
+
+    A node of a LocalCluster (codeclog.cluster) is a subclass that overrides the `_node_*`
+    hooks: its node id, fixed ports, properties and format mode.
+    """
+
+    node_id: int = NODE_ID
+    port_attempts: int = PORT_ATTEMPTS
 
     def __init__(
         self,
@@ -507,6 +514,19 @@ class LocalBroker:
         text = text[text.rfind(START_BANNER) :] if START_BANNER in text else text
         return "\n".join(text.splitlines()[-max_lines:])
 
+    # hooks for cluster nodes ----------------------------------------------------------------
+    def _node_ports(self, previous: BrokerPorts | None) -> BrokerPorts:
+        return choose_ports(previous, port_is_free, pick_free_port)
+
+    def _node_properties(self, ports: BrokerPorts) -> str:
+        return render_server_properties(ports, self.log_dirs)
+
+    def _node_format_args(self) -> list[str]:
+        return ["--standalone"]  # goes with controller.quorum.bootstrap.servers
+
+    def _node_cluster_id(self) -> str:
+        return new_cluster_id(self._random_bytes)
+
     # start internals ------------------------------------------------------------------------
     def _make_data_dir(self) -> None:
         try:
@@ -520,19 +540,19 @@ class LocalBroker:
         self, java: str, libs_dir: Path, progress: Progress
     ) -> BrokerState:
         previous = self._previous_ports()
-        for attempt in range(PORT_ATTEMPTS):
-            ports = choose_ports(previous, port_is_free, pick_free_port)
+        for attempt in range(self.port_attempts):
+            ports = self._node_ports(previous)
             if previous is not None and ports != previous:
                 progress(
                     f"the previous ports {previous.broker_port}/{previous.controller_port} are "
                     f"taken; using {ports.broker_port}/{ports.controller_port}"
                 )
-            self.properties_path.write_text(render_server_properties(ports, self.log_dirs))
+            self.properties_path.write_text(self._node_properties(ports))
             cluster_id = self._format_if_needed(java, libs_dir, progress)
             try:
                 return self._launch(java, libs_dir, ports, cluster_id, progress)
             except PortInUseError:
-                if attempt == PORT_ATTEMPTS - 1:
+                if attempt == self.port_attempts - 1:
                     raise
                 progress("a port was taken while the broker started; retrying with new ports")
                 previous = None
@@ -548,7 +568,7 @@ class LocalBroker:
         meta = self.log_dirs / "meta.properties"
         if meta.exists():
             return _read_cluster_id(meta)
-        cluster_id = new_cluster_id(self._random_bytes)
+        cluster_id = self._node_cluster_id()
         progress(f"formatting {self.log_dirs} (cluster id {cluster_id})")
         command = [
             java,
@@ -558,7 +578,7 @@ class LocalBroker:
             str(libs_dir / "*"),  # a literal *: java expands the classpath wildcard itself
             "kafka.tools.StorageTool",
             "format",
-            "--standalone",
+            *self._node_format_args(),
             "-t",
             cluster_id,
             "-c",
@@ -572,6 +592,12 @@ class LocalBroker:
     ) -> BrokerState:
         process = self._spawn(java, libs_dir)
         progress(f"broker JVM started (pid {process.pid}); waiting until it serves requests")
+        return self._await_started(process, ports, cluster_id)
+
+    def _await_started(
+        self, process: subprocess.Popen[bytes], ports: BrokerPorts, cluster_id: str
+    ) -> BrokerState:
+        """Wait until the spawned JVM serves requests, then record its state file."""
         bootstrap = f"{HOST}:{ports.broker_port}"
         try:
             self._wait_ready(process, ports.broker_port, bootstrap)
@@ -634,7 +660,7 @@ class LocalBroker:
             code = process.poll()
             if code is not None:
                 raise self._exit_error(code)
-            if tcp_accepts(port) and metadata_lists_broker(bootstrap):
+            if tcp_accepts(port) and metadata_lists_broker(bootstrap, node_id=self.node_id):
                 return
             if self._clock() > deadline:
                 raise BrokerStartError(
@@ -713,7 +739,12 @@ class LocalBroker:
 
 
 def local_bootstrap(data_dir: Path) -> str | None:
-    """The bootstrap address of the broker running for `data_dir`, or None if none runs."""
+    """The bootstrap address of the broker running for `data_dir`, or None if none runs.
+    For a local cluster's data dir: the comma-separated addresses of its running nodes."""
+    from codeclog.cluster import LocalCluster, cluster_bootstrap  # cluster imports this module
+
+    if LocalCluster.holds_cluster(data_dir):
+        return cluster_bootstrap(data_dir)
     status = LocalBroker(data_dir).status()
     if status.kind is BrokerStatusKind.RUNNING and status.state is not None:
         return status.state.bootstrap

@@ -4,6 +4,10 @@ A topic that already exists is fine when it has at least the configured partitio
 right cleanup.policy; otherwise it is reported (never silently altered: repartitioning moves
 keys to other partitions and would break per-request ordering and replay).
 
+New topics get a replication factor and min.insync.replicas chosen from the brokers the cluster
+metadata lists (`replication_for`): 3 and 2 on three brokers or more, 1 and 1 on one. Existing
+topics keep theirs; `create` reports what each has.
+
 Only whole-cluster metadata requests are made: a metadata request naming a missing topic can
 auto-create it (librdkafka's admin client is a producer, whose allow.auto.create.topics
 defaults to true) with the broker's default partition count.
@@ -24,6 +28,7 @@ from codeclog.config import TopicsConfig
 from codeclog.errors import CodeclogError
 
 CLEANUP_POLICY = "cleanup.policy"
+MIN_INSYNC_REPLICAS = "min.insync.replicas"
 POLL_INTERVAL_S = 0.1
 
 
@@ -78,6 +83,18 @@ class TopicInfo:
 class TopicOutcome:
     spec: TopicSpec
     action: TopicAction
+    replication_factor: int = 0  # what the topic has (0: not known)
+    min_insync_replicas: int = 0  # the topic's min.insync.replicas (0: not known)
+    brokers: int = 0  # how many brokers the cluster metadata listed
+
+
+def replication_for(brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) for new topics on a cluster of `brokers`:
+    3/2 on three or more (one broker may fail while acks=all writes still succeed), 1/1 on one
+    (2/1 on two: a copy, but no write quorum to spare)."""
+    if brokers >= 3:
+        return 3, 2
+    return max(brokers, 1), 1
 
 
 def topic_specs(topics: TopicsConfig) -> tuple[TopicSpec, ...]:
@@ -124,9 +141,11 @@ def create_topics(
     deadline = clock() + timeout_s
     admin = _admin(client_config)
     specs = topic_specs(topics)
+    brokers = _broker_count(admin, timeout_s, client_config)
+    replication, min_isr = replication_for(brokers)
     existing = _describe(admin, _topic_partitions(admin, timeout_s, client_config), timeout_s)
     missing = [spec for spec in specs if spec.name not in existing]
-    raced = _create(admin, missing, timeout_s)
+    raced = _create(admin, missing, timeout_s, replication, min_isr)
     if raced:
         existing = _describe(admin, _topic_partitions(admin, timeout_s, client_config), timeout_s)
     problems = [p for s in specs if s.name in existing for p in check_topic(s, existing[s.name])]
@@ -134,9 +153,23 @@ def create_topics(
         raise TopicMismatchError(problems)
     created = [spec for spec in missing if spec.name not in raced]
     _wait_visible(admin, created, deadline, clock, client_config)
-    return tuple(
-        TopicOutcome(s, TopicAction.CREATED if s in created else TopicAction.EXISTS) for s in specs
-    )
+    outcomes = []
+    for spec in specs:
+        if spec in created:
+            outcomes.append(TopicOutcome(spec, TopicAction.CREATED, replication, min_isr, brokers))
+            continue
+        info = existing[spec.name]
+        isr = info.config_value(MIN_INSYNC_REPLICAS)
+        outcomes.append(
+            TopicOutcome(
+                spec,
+                TopicAction.EXISTS,
+                info.replication_factor,
+                int(isr) if isr and isr.isdigit() else 0,
+                brokers,
+            )
+        )
+    return tuple(outcomes)
 
 
 def list_topics(
@@ -164,6 +197,17 @@ def _admin(client_config: Mapping[str, str]) -> AdminClient:
     # connection errors would bury it (the user's log_level, if any, wins).
     config.setdefault("log_level", "2")
     return AdminClient(config)
+
+
+def _broker_count(admin: AdminClient, timeout_s: float, client_config: Mapping[str, str]) -> int:
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise ClusterUnreachableError(
+            f"no answer from the Kafka cluster at {client_config.get('bootstrap.servers')} "
+            f"within {timeout_s:g} s ({_kafka_error_text(exc)}); is it running?"
+        ) from exc
+    return len(metadata.brokers)
 
 
 def _topic_partitions(
@@ -204,12 +248,18 @@ def _summarise_config(entries: Mapping[str, Any]) -> tuple[tuple[str, str], ...]
     chosen = {
         key: str(entry.value)
         for key, entry in entries.items()
-        if key == CLEANUP_POLICY or not entry.is_default
+        if key in (CLEANUP_POLICY, MIN_INSYNC_REPLICAS) or not entry.is_default
     }
     return tuple(sorted(chosen.items()))
 
 
-def _create(admin: AdminClient, specs: list[TopicSpec], timeout_s: float) -> set[str]:
+def _create(
+    admin: AdminClient,
+    specs: list[TopicSpec],
+    timeout_s: float,
+    replication: int,
+    min_isr: int,
+) -> set[str]:
     """Create topics; return the names someone else created meanwhile (TOPIC_ALREADY_EXISTS)."""
     if not specs:
         return set()
@@ -217,8 +267,11 @@ def _create(admin: AdminClient, specs: list[TopicSpec], timeout_s: float) -> set
         NewTopic(
             spec.name,
             num_partitions=spec.partitions,
-            replication_factor=-1,  # the cluster's default.replication.factor
-            config={CLEANUP_POLICY: spec.cleanup_policy.value},
+            replication_factor=replication,
+            config={
+                CLEANUP_POLICY: spec.cleanup_policy.value,
+                MIN_INSYNC_REPLICAS: str(min_isr),
+            },
         )
         for spec in specs
     ]

@@ -1,4 +1,5 @@
-"""`codeclog broker start|stop|status|fetch`: the local single-node Kafka broker."""
+"""`codeclog broker start|stop|status|fetch|kill|pause|resume|restart`: the local Kafka broker
+(one node by default) or a local cluster of N nodes (`start --nodes 3`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from codeclog.broker import BrokerSettings, BrokerStatus, BrokerStatusKind, LocalBroker
+from codeclog.cluster import (
+    NODE_HEAP_MAX_MB,
+    NODE_HEAP_MIN_MB,
+    NODE_RSS_NOTE,
+    ClusterError,
+    LocalCluster,
+    NodeStatus,
+    NodeStatusKind,
+)
 from codeclog.config import ENV_DATA_DIR, ConfigError, default_data_dir
 from codeclog.errors import CodeclogError, exit_code
 from codeclog.kafka_jars import ENV_KAFKA_LIBS, KAFKA_VERSION, JarFetcher
@@ -21,6 +31,14 @@ once to fetch the jars (about 45 MB, cached).
 Each data dir holds one broker: its config, its Kafka data, broker.log and broker.json (pid,
 ports, bootstrap). Several brokers with different data dirs can run at once. Other codeclog
 commands find the broker of --data-dir (or ${ENV_DATA_DIR}) by themselves.
+
+`start --nodes 3` runs a local cluster instead: three KRaft nodes (broker and controller each,
+a controller quorum of three) in node-1/, node-2/, node-3/ under --data-dir, with replication
+factor 3 and min.insync.replicas 2 for the internal and default topics, unclean leader election
+off. Memory: each node's JVM heap is {NODE_HEAP_MIN_MB}..{NODE_HEAP_MAX_MB} MiB ({NODE_RSS_NOTE}),
+so three nodes fit a 2-core, 24 GB machine; a single broker's heap is 256..1024 MiB.
+stop and status act on the whole cluster; kill, pause, resume and restart take --node N
+(SIGKILL, SIGSTOP, SIGCONT of that node's JVM; restart = stop if running, then start).
 """
 
 EPILOG = f"""\
@@ -30,6 +48,10 @@ examples:
   codeclog broker status                     # running/stopped, pid, bootstrap, data dir, log
   codeclog broker stop                       # SIGTERM, SIGKILL after 30 s; the data is kept
   codeclog broker start --data-dir /tmp/kb2  # a second, independent broker
+  codeclog broker start --nodes 3 --data-dir /tmp/c3   # a 3-node cluster; prints 3 addresses
+  codeclog broker kill --node 2 --data-dir /tmp/c3     # SIGKILL node 2 (a fault drill)
+  codeclog broker restart --node 2 --data-dir /tmp/c3  # back, same ports and data
+  codeclog broker pause --node 1 --data-dir /tmp/c3    # SIGSTOP; `resume --node 1` to SIGCONT
 
 environment:
   {ENV_DATA_DIR}    default data dir (else {default_data_dir()})
@@ -37,6 +59,8 @@ environment:
   CODECLOG_JAVA / JAVA_HOME   which java to run (else `java` on PATH)
 
 status exit codes: 0 running, 3 stopped, 1 crashed (its state file names a dead pid).
+For a cluster: 0 every node running, 3 every node stopped, 1 otherwise (a node crashed,
+was killed, is paused or stopped).
 """
 
 
@@ -55,6 +79,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             _add_data_dir(action)
         if name == "start":
             _add_start_options(action)
+        if name in _NODE_ACTIONS:
+            action.add_argument(
+                "--node", type=int, required=True, metavar="N", help="the node id (1..nodes)"
+            )
         action.set_defaults(func=_guarded(func))
 
 
@@ -69,7 +97,20 @@ def _add_data_dir(parser: argparse.ArgumentParser) -> None:
 
 def _add_start_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--heap-max-mb", type=int, default=1024, help="JVM max heap in MiB (default 1024)"
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="start a local cluster of N nodes (2..9; 3 is the tested shape) instead of one "
+        "broker (default: one broker, or the cluster the data dir already holds); each node "
+        f"takes a {NODE_HEAP_MIN_MB}..{NODE_HEAP_MAX_MB} MiB heap ({NODE_RSS_NOTE})",
+    )
+    parser.add_argument(
+        "--heap-max-mb",
+        type=int,
+        default=None,
+        help=f"JVM max heap in MiB (default 1024 for one broker, {NODE_HEAP_MAX_MB} per node "
+        "of a cluster)",
     )
     parser.add_argument(
         "--timeout-s",
@@ -97,19 +138,45 @@ def _progress(message: str) -> None:
     print(f"codeclog: {message}", file=sys.stderr, flush=True)
 
 
+def _data_dir(args: argparse.Namespace) -> Path:
+    return Path(args.data_dir or default_data_dir())
+
+
 def _broker(args: argparse.Namespace) -> LocalBroker:
-    data_dir = args.data_dir or default_data_dir()
-    heap_max_mb = getattr(args, "heap_max_mb", 1024)
+    heap_max_mb = getattr(args, "heap_max_mb", None) or 1024
     settings = BrokerSettings(
         heap_min_mb=min(256, heap_max_mb),
         heap_max_mb=heap_max_mb,
         start_timeout_s=getattr(args, "timeout_s", 60.0),
     )
-    return LocalBroker(Path(data_dir), settings)
+    return LocalBroker(_data_dir(args), settings)
+
+
+def _cluster(args: argparse.Namespace) -> LocalCluster:
+    heap_max_mb = getattr(args, "heap_max_mb", None) or NODE_HEAP_MAX_MB
+    settings = BrokerSettings(
+        heap_min_mb=min(NODE_HEAP_MIN_MB, heap_max_mb),
+        heap_max_mb=heap_max_mb,
+        start_timeout_s=getattr(args, "timeout_s", 60.0) * 2,  # three JVMs share the cores
+    )
+    return LocalCluster(_data_dir(args), getattr(args, "nodes", None), settings)
+
+
+def _is_cluster(args: argparse.Namespace) -> bool:
+    nodes = getattr(args, "nodes", None)
+    return (nodes is not None and nodes != 1) or LocalCluster.holds_cluster(_data_dir(args))
 
 
 def _start(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    if _is_cluster(args):
+        layout = _cluster(args).start(_progress)
+        _progress(
+            f"{layout.nodes}-node cluster ready in {time.monotonic() - started:.1f} s; logs: "
+            f"{_data_dir(args)}/node-N/broker.log"
+        )
+        print(layout.bootstrap)
+        return 0
     state = _broker(args).start(_progress)
     _progress(f"broker ready in {time.monotonic() - started:.1f} s; log: {state.log_path}")
     print(state.bootstrap)
@@ -117,6 +184,18 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
+    if LocalCluster.holds_cluster(_data_dir(args)):
+        results = _cluster(args).stop(_progress)
+        stopped = [n for n, r in results.items() if r.was_running]
+        forced = [n for n, r in results.items() if r.forced]
+        if not stopped:
+            _progress("no node of the cluster was running")
+        else:
+            elapsed = max(r.elapsed_s for r in results.values())
+            _progress(f"nodes {', '.join(map(str, stopped))} stopped in {elapsed:.1f} s")
+        if forced:
+            _progress(f"nodes {', '.join(map(str, forced))} ignored SIGTERM and were killed")
+        return 0
     result = _broker(args).stop(_progress)
     if not result.was_running:
         _progress("no broker was running for that data dir")
@@ -128,6 +207,17 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    if LocalCluster.holds_cluster(_data_dir(args)):
+        cluster = _cluster(args)
+        statuses = cluster.status()
+        layout = cluster.layout()
+        print(
+            format_cluster_status(statuses, layout.cluster_id, layout.bootstrap, cluster.data_dir)
+        )
+        kinds = {s.kind for s in statuses}
+        if kinds == {NodeStatusKind.RUNNING}:
+            return 0
+        return 3 if kinds == {NodeStatusKind.STOPPED} else 1
     status = _broker(args).status()
     print(format_status(status))
     codes = {BrokerStatusKind.RUNNING: 0, BrokerStatusKind.STOPPED: 3, BrokerStatusKind.CRASHED: 1}
@@ -144,6 +234,56 @@ def format_status(status: BrokerStatus) -> str:
     return "\n".join(f"{key + ':':<12}{value}" for key, value in rows)
 
 
+def format_cluster_status(
+    statuses: tuple[NodeStatus, ...], cluster_id: str, bootstrap: str, data_dir: Path
+) -> str:
+    rows = [("NODE", "STATUS", "PID", "BROKER", "CONTROLLER", "LOG")]
+    for s in statuses:
+        pid = (
+            str(s.broker.state.pid)
+            if s.broker.state and s.kind is not NodeStatusKind.STOPPED
+            else "-"
+        )
+        rows.append(
+            (
+                str(s.node_id),
+                s.kind.value,
+                pid,
+                str(s.ports.broker_port),
+                str(s.ports.controller_port),
+                str(s.broker.log_path),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = [
+        f"{'cluster id:':<12}{cluster_id}",
+        f"{'bootstrap:':<12}{bootstrap}",
+        f"{'data dir:':<12}{data_dir}",
+    ]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)))
+        lines[-1] += "  " + row[5]
+    return "\n".join(lines)
+
+
+def _node_action(args: argparse.Namespace) -> int:
+    action = args.broker_action
+    if not LocalCluster.holds_cluster(_data_dir(args)):
+        raise ClusterError(
+            f"{_data_dir(args)} holds no local cluster (`codeclog broker start --nodes 3`); "
+            f"`{action} --node` acts on one node of a cluster"
+        )
+    cluster = _cluster(args)
+    if action == "restart":
+        started = time.monotonic()
+        state = cluster.restart(args.node, _progress)
+        _progress(f"node {args.node} ready in {time.monotonic() - started:.1f} s")
+        print(state.bootstrap)
+        return 0
+    getattr(cluster, action)(args.node, _progress)
+    return 0
+
+
 def _fetch(_args: argparse.Namespace) -> int:
     print(JarFetcher().ensure(_progress))
     return 0
@@ -154,4 +294,9 @@ _ACTIONS: tuple[tuple[str, str, Callable[[argparse.Namespace], int]], ...] = (
     ("stop", "stop the broker: SIGTERM, then SIGKILL after 30 s; data is kept", _stop),
     ("status", "print running/stopped, pid, bootstrap, data dir and log path", _status),
     ("fetch", "fetch (or verify) the broker's jars and print their dir", _fetch),
+    ("kill", "SIGKILL one node's JVM of a local cluster (a fault drill)", _node_action),
+    ("pause", "SIGSTOP one node's JVM of a local cluster (it answers nothing)", _node_action),
+    ("resume", "SIGCONT a paused node of a local cluster", _node_action),
+    ("restart", "stop one node of a local cluster if it runs, then start it again", _node_action),
 )
+_NODE_ACTIONS = ("kill", "pause", "resume", "restart")

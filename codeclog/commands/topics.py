@@ -8,7 +8,13 @@ from collections.abc import Callable
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
 from codeclog.errors import CodeclogError, exit_code
-from codeclog.topics import TopicMismatchError, create_topics, format_config, list_topics
+from codeclog.topics import (
+    TopicMismatchError,
+    create_topics,
+    format_config,
+    list_topics,
+    replication_for,
+)
 
 DESCRIPTION = """\
 Create and inspect the topics codeclog uses:
@@ -18,6 +24,8 @@ Create and inspect the topics codeclog uses:
   codec.progress  compacted (cleanup.policy=compact): per-request checkpoints (8 partitions)
 
 Names and partition counts come from --topics-config (a JSON object; unknown keys are refused).
+New topics get replication factor 3 and min.insync.replicas 2 on a cluster of three brokers or
+more (`codeclog broker start --nodes 3`), 1 and 1 on one broker; `create` says what it chose.
 `create` is idempotent: topics that exist are kept. A topic that exists with fewer partitions
 than configured or with another cleanup.policy is reported and the command fails, since
 changing it would move keys between partitions.
@@ -80,11 +88,20 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
 
 def _create(args: argparse.Namespace) -> int:
     outcomes = create_topics(kafka_client_config(args), topics_config(args), args.timeout_s)
+    if outcomes:
+        brokers = outcomes[0].brokers
+        replication, min_isr = replication_for(brokers)
+        print(
+            f"cluster of {brokers} broker{'' if brokers == 1 else 's'}: new topics get "
+            f"replication factor {replication}, min.insync.replicas {min_isr}"
+        )
     for outcome in outcomes:
         spec = outcome.spec
         print(
             f"{outcome.action.value:<8} {spec.name} ({_partitions(spec.partitions)}, "
-            f"cleanup.policy={spec.cleanup_policy.value}): {spec.role}"
+            f"cleanup.policy={spec.cleanup_policy.value}, "
+            f"RF {outcome.replication_factor or '?'}, "
+            f"min ISR {outcome.min_insync_replicas or '?'}): {spec.role}"
         )
     return 0
 

@@ -24,6 +24,7 @@ from codeclog.topics import (
     create_topics,
     ensure_topics,
     list_topics,
+    replication_for,
     topic_specs,
 )
 
@@ -103,8 +104,11 @@ def test_cli_topics_create_then_list(
     config.write_text(json.dumps({**names, "progress": topics.progress, "partitions": 2}))
     cluster = ["--bootstrap", kafka_bootstrap, "--topics-config", str(config)]
     assert main(["topics", "create", *cluster]) == 0
-    assert f"created  {topics.progress} (2 partitions, cleanup.policy=compact)" in (
-        capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "cluster of 1 broker: new topics get replication factor 1, min.insync.replicas 1" in out
+    assert (
+        f"created  {topics.progress} (2 partitions, cleanup.policy=compact, RF 1, min ISR 1)"
+        in (out)
     )
     assert main(["topics", "list", "--bootstrap", kafka_bootstrap]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
@@ -255,3 +259,10 @@ def test_read_properties_round_trips(
     path = tmp_path_factory.mktemp("props") / "client.properties"
     path.write_text("# generated\n" + "".join(f"{k}={v}\n" for k, v in props.items()))
     assert read_properties(path) == props
+
+
+@pytest.mark.parametrize(
+    ("brokers", "expected"), [(0, (1, 1)), (1, (1, 1)), (2, (2, 1)), (3, (3, 2)), (5, (3, 2))]
+)
+def test_replication_follows_the_cluster_size(brokers: int, expected: tuple[int, int]) -> None:
+    assert replication_for(brokers) == expected
