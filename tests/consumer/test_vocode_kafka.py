@@ -7,6 +7,7 @@ import json
 import random
 import re
 import signal
+import threading
 import time
 from typing import Any
 
@@ -62,15 +63,55 @@ def test_sessions_end_to_end_match_an_offline_replay(
     assert live and {rid: replayed[rid]["audio"]["sha256"] for rid in live} == live
 
 
+class _HeldDecodes:
+    """The engine, except that the first decode_batch call of each of the first `holds` steps
+    is held (on that step's decode thread) until the service has paused since the previous held
+    step, or HOLD_S passes; `saw_pause` records per held step whether the pause came. A step
+    pauses at most once, and the previous held step was released only after its own pause, so
+    the pause awaited is this step's (made before or during the hold). This counts pauses by
+    event, whatever the decode time against the poll timeout."""
+
+    HOLD_S = 60.0
+
+    def __init__(self, engine: Any, holds: int) -> None:
+        self._engine = engine
+        self._holds = holds
+        self._steps: list[threading.Thread] = []  # the decode thread of each held step
+        self._pauses_seen = 0
+        self.service: VocoderService | None = None
+        self.saw_pause: list[bool] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def decode_batch(self, items: Any) -> Any:
+        step = threading.current_thread()  # each step decodes on a thread of its own
+        if len(self._steps) < self._holds and step not in self._steps:
+            self._steps.append(step)
+            assert self.service is not None
+            stats = self.service.stats
+            deadline = time.monotonic() + self.HOLD_S
+            while stats["pauses"] <= self._pauses_seen and time.monotonic() < deadline:
+                time.sleep(0.005)
+            self.saw_pause.append(stats["pauses"] > self._pauses_seen)
+            self._pauses_seen = stats["pauses"]
+        return self._engine.decode_batch(items)
+
+
 def test_a_saturated_decoder_pauses_and_stays_exactly_once(stack: Any, tiny_engine: Any) -> None:
     """Everything is published before the consumer starts and a step takes 4 records: while a
-    step decodes, the next batch is polled at once and the assignment is paused. No step is
-    voided, and the audio is exactly once and byte-identical to an offline replay."""
+    step decodes, the next batch is polled at once and the assignment is paused. The first
+    three decoding steps are held until the service pauses (`_HeldDecodes`), so each must see
+    a pause however fast the engine is. No step is voided, and the audio is exactly once and
+    byte-identical to an offline replay."""
     stack.publish_sessions(sessions=4, seconds=5, seed=12)
     config = VocodeConfig(group=stack.group, exit_when_idle_s=5.0, max_records=4)
-    service = VocoderService(stack.client, stack.topics, config, tiny_engine)
+    held = _HeldDecodes(tiny_engine, holds=3)
+    service = VocoderService(stack.client, stack.topics, config, held)
+    held.service = service
     assert service.run() == 0
-    assert service.stats["pauses"] > 1 and service.stats["steps"] > 1
+    assert held.saw_pause == [True, True, True], "a held decode saw no pause"
+    assert service.stats["pauses"] >= 3 and service.stats["steps"] > 3
     assert service.stats["void_steps"] == 0
     report = verify(stack.client, stack.topics, tiny_engine)
     assert report.ok, report.to_dict()

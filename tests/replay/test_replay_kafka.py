@@ -148,9 +148,29 @@ def test_capture_bounds_partitions_and_request_filter(
         ["replay", str(out), "--to-topic", absent, "--bootstrap", kafka_bootstrap]
     )
     assert code == 1 and "does not exist" in err
-    time.sleep(1.0)  # an auto-creation, had a request triggered one, would show by now
-    metadata = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10)
-    assert absent not in metadata.topics
+    _assert_never_auto_created(kafka_bootstrap, absent, unique_name("control"))
+
+
+def _assert_never_auto_created(bootstrap: str, topic: str, control: str) -> None:
+    """Positive evidence that nothing auto-created `topic` (the broker allows auto-creation).
+
+    First a control topic is auto-created on purpose (a metadata request that allows it) and
+    awaited: auto-creation works here and every request sent before it, the CLI's included, has
+    been handled. Then the test creates `topic` itself with a partition count no auto-creation
+    uses: that succeeds, with that count, only if no one created the topic before.
+    """
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    asker = Producer({"bootstrap.servers": bootstrap, "allow.auto.create.topics": True})
+    deadline = time.monotonic() + 30
+    while control not in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, f"the control topic {control} was never auto-created"
+        asker.list_topics(topic=control, timeout=5)  # asking for it creates it
+        time.sleep(0.1)
+    partitions = 7  # not the broker's num.partitions
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions)])
+    futures[topic].result(timeout=30)  # raises TOPIC_ALREADY_EXISTS had anything created it
+    metadata = admin.list_topics(topic=topic, timeout=10).topics[topic]
+    assert len(metadata.partitions) == partitions
 
 
 def _per_key(records: list[CapturedRecord]) -> dict[bytes | None, list[bytes | None]]:
