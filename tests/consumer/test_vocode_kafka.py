@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import re
 import signal
 import threading
@@ -12,6 +11,8 @@ import time
 from typing import Any
 
 import pytest
+from confluent_kafka import IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from codeclog.cli import main
 from consumers.fold.machine import Policy
@@ -133,17 +134,109 @@ def _live_request_hashes(stack: Any) -> dict[str, str]:
     }
 
 
+RESTORED = re.compile(r"partition \d+: restored \d+ requests, rebuilt (\d+) open streams")
+FRESH = re.compile(r"partitions \[([\d, ]+)\]: no checkpoint")
+KILLS = ("during", "after", "after", "during", "after", "after")  # relative to recovery
+
+
+class _Budget:
+    """One deadline for every wait of a test, below its pytest timeout: a wait that runs out
+    fails with what it waited for and the logs, not with a pytest-timeout traceback."""
+
+    def __init__(self, stack: Any, seconds: float) -> None:
+        self.stack = stack
+        self.deadline = time.monotonic() + seconds
+
+    def wait(self, what: str, condition: Any, process: Any = None, poll_s: float = 0.02) -> None:
+        while not condition():
+            if process is not None and process.poll() is not None:
+                raise AssertionError(f"exited ({process.returncode}) before {what}")
+            if time.monotonic() > self.deadline:
+                raise AssertionError(f"budget spent waiting for {what}:\n{self.stack.logs()}")
+            time.sleep(poll_s)
+
+    def left(self) -> float:
+        return max(self.deadline - time.monotonic(), 1.0)
+
+
+def _restored(stack: Any, process: Any) -> int:
+    """Partitions the process has finished restoring in its newest assignment: one line per
+    partition with a checkpoint, one line listing the fresh ones, then "state restored in"."""
+    log = stack.log_of[process.pid].read_text(errors="replace")
+    if "state restored in" in log:
+        return int(stack.topics.partitions)
+    fresh = sum(len(m.split(",")) for m in FRESH.findall(log))
+    return len(RESTORED.findall(log)) + fresh
+
+
+def _audio_ends(stack: Any, admin: AdminClient) -> tuple[dict[int, int], dict[int, int]]:
+    """Per audio partition: (last stable offset, high watermark)."""
+    tps = [TopicPartition(stack.topics.audio, p) for p in range(stack.topics.partitions)]
+
+    def ends(level: IsolationLevel) -> dict[int, int]:
+        futures = admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in tps}, isolation_level=level, request_timeout=10
+        )
+        return {tp.partition: future.result().offset for tp, future in futures.items()}
+
+    # high first: a stable offset read later and still below it is an open transaction then
+    # (the other order sees records that arrived in between as open)
+    high = ends(IsolationLevel.READ_UNCOMMITTED)
+    return ends(IsolationLevel.READ_COMMITTED), high
+
+
+def _open_audio_transaction(stack: Any, admin: AdminClient, baseline: dict[int, int]) -> bool:
+    """Some audio partition holds records of a transaction opened after `baseline` (the high
+    watermarks when this member started): its last stable offset is at or past the baseline
+    (an earlier member's transaction is resolved) and below the high watermark."""
+    stable, high = _audio_ends(stack, admin)
+    return any(baseline[p] <= stable[p] < high[p] for p in high)
+
+
+@pytest.mark.timeout(600)
 def test_sigkill_at_random_points_keeps_audio_exactly_once(stack: Any, tiny_engine: Any) -> None:
+    """Six SIGKILLs, each checked to have interrupted open work: "during" kills land as soon as
+    the first partition is restored (checked: not every partition was restored yet); "after"
+    kills wait until every partition is restored and an audio transaction is open, freeze the
+    process (SIGSTOP) and check the transaction is still open (its records sit above the last
+    stable offset; otherwise its commit won: continue and try again), then kill it and check
+    it was left open (the next member's fencing aborts it). Every wait draws on one budget
+    below the test timeout and fails with the logs when spent."""
     stack.publish_sessions(sessions=12, seconds=10, seed=5)
-    rng = random.Random(1234)
-    for _ in range(6):
+    budget = _Budget(stack, 540)
+    partitions = stack.topics.partitions
+    interrupted: list[tuple[str, bool]] = []
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
+    for kind in KILLS:
+        baseline = _audio_ends(stack, admin)[1]
         process = stack.vocode("k", "--max-records", "8", idle_s=30)  # small steps: many commits
-        stack.wait_for_log(process, "state restored in", 120)
-        time.sleep(rng.uniform(0.5, 4.0))  # somewhere inside a step, or between two
+        if kind == "during":
+            budget.wait(
+                "a first restored partition", lambda p=process: _restored(stack, p) > 0, process
+            )
+        else:
+            budget.wait(
+                "every partition restored",
+                lambda p=process: _restored(stack, p) == partitions,
+                process,
+            )
+            open_work = lambda b=baseline: _open_audio_transaction(stack, admin, b)  # noqa: E731
+            while True:  # freeze inside an open transaction (its commit may win the race)
+                budget.wait("an open audio transaction", open_work, process, 0)
+                process.send_signal(signal.SIGSTOP)
+                time.sleep(0.5)  # a commit already sent lands now: then this is not open work
+                if open_work():
+                    break
+                process.send_signal(signal.SIGCONT)
         process.send_signal(signal.SIGKILL)
         process.wait()
+        if kind == "during":
+            interrupted.append((kind, _restored(stack, process) < partitions))
+        else:
+            interrupted.append((kind, _open_audio_transaction(stack, admin, baseline)))
+    assert all(hit for _, hit in interrupted), interrupted
     final = stack.vocode("k", "--max-records", "8", idle_s=4)
-    assert final.wait(240) == 0, stack.logs()
+    assert final.wait(budget.left()) == 0, stack.logs()
     report = verify(stack.client, stack.topics, tiny_engine)
     assert report.ok, (report.to_dict(), stack.logs())
     assert report.expected_windows > 50
