@@ -371,12 +371,12 @@ def run_demo(options: DemoOptions) -> int:
 
 
 def _wait_ready(process: subprocess.Popen[bytes], log_path: Path, timeout_s: float) -> None:
-    """Wait until the consumer holds its partitions (it logs its recovery per partition)."""
+    """Wait until the consumer holds its partitions (it logs "state restored in" once they are)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         if process.poll() is not None:
             raise DemoError(f"the consumer exited with {process.returncode}; see {log_path}")
-        if "open streams up to offset" in log_path.read_text(errors="replace"):
+        if "state restored in" in log_path.read_text(errors="replace"):
             _say(f"[demo] consumer ready in {time.monotonic() - started:.1f} s")
             return
         time.sleep(0.2)

@@ -111,7 +111,7 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     rng = random.Random(2222)
     for _ in range(3):
         process = stack.vocode("k", "--max-records", "8", idle_s=30)
-        stack.wait_for_log(process, "open streams up to offset", 120)
+        stack.wait_for_log(process, "state restored in", 120)
         time.sleep(rng.uniform(0.3, 3.0))  # inside a step, its transaction open, or between
         process.send_signal(signal.SIGKILL)
         process.wait()

@@ -16,6 +16,7 @@ thousand (`CODECLOG_PROPERTY_EXAMPLES=5000 pytest tests/consumer/test_pipeline_p
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import random
 from collections import Counter
@@ -31,6 +32,7 @@ from consumers.fold.outcomes import Decode, Reject, RejectReason
 from consumers.fold.synth import realistic_events
 from consumers.pipeline import (
     KEY_MISMATCH,
+    MISSING_KEY,
     AudioPipeline,
     InputRecord,
     PipelineConfig,
@@ -217,6 +219,9 @@ def expected(batches: list[list[InputRecord]], config: FoldConfig) -> Expected:
         if not isinstance(event, CodecChunk | ControlEvent):
             refusals[(*where, RejectReason.UNDECODABLE_RECORD.value)] += 1
             continue
+        if record.key is None and event.request_id:
+            refusals[(*where, MISSING_KEY)] += 1
+            continue
         if record.key is not None and record.key != event.request_id.encode():
             refusals[(*where, KEY_MISMATCH)] += 1
             continue
@@ -231,7 +236,17 @@ def expected(batches: list[list[InputRecord]], config: FoldConfig) -> Expected:
 def _check_letter(letter: DeadLetter, by_position: dict[tuple[int, int], InputRecord]) -> None:
     record = by_position[(letter.source_partition, letter.source_offset)]
     assert letter.source_topic == record.position.topic
-    assert letter.raw_value == record.value and letter.raw_key == record.key
+    # the bytes whole, or (issue 16: a dead letter must fit) a named, checkable prefix
+    assert letter.raw_value_size == len(record.value)
+    assert letter.raw_value_sha256 == hashlib.sha256(record.value).hexdigest()
+    if letter.raw_value_truncated:
+        assert record.value.startswith(letter.raw_value) and letter.raw_value != record.value
+    else:
+        assert letter.raw_value == record.value
+    if letter.raw_key != record.key:
+        assert record.key is not None and letter.raw_key is not None
+        assert record.key.startswith(letter.raw_key)
+        assert '"raw_key_truncated":true' in letter.details_json.replace("\\", "")
     assert wire.decode(wire.encode(letter)) == letter  # the DLQ topic can carry it
 
 
