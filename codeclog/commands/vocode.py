@@ -204,10 +204,12 @@ def run(args: argparse.Namespace) -> int:
             f"{stats['dead_letters']} dead letters in {stats['steps']} transactions",
             file=sys.stderr,
         )
-    if service.abandoned_clients:
-        # A producer given up on may still have a call inside librdkafka: destroying it at
-        # interpreter exit can block forever. Everything of ours is flushed or committed.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    # Everything of ours is committed or aborted and the clients are closed. Leave without the
+    # interpreter's teardown: a producer given up on may still have a call inside librdkafka
+    # (destroying it can block forever), and native worker threads (torch's pools, librdkafka)
+    # destroyed during teardown have ended the process with SIGABRT ("terminate called without
+    # an active exception") after a clean stop.
+    del service
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
