@@ -451,17 +451,15 @@ class _Products:
         dilation: Any = 1,
         groups: int = 1,
     ) -> Tensor:
-        batched = x.dim() == 3
-        x3 = x if batched else x[None]
         terms = weight.shape[1] * weight.shape[2]
-        bits = em.operand_bits(terms)
-        qx, inverse_x = em.quantize_scaled(x3, (1, 2), bits)
-        qw, inverse_w = self.weights.get(weight, (1, 2), bits, "conv")  # per output channel
-        product = self.gemm.conv1d(qx, qw, stride, padding, dilation, groups)
-        out = (product * inverse_x * inverse_w).to(x.dtype)
-        if bias is not None:
-            out = out + bias.reshape(1, -1, 1)
-        return out if batched else out[0]
+
+        def weights(bits: int) -> tuple[Tensor, Tensor]:
+            return self.weights.get(weight, (1, 2), bits, "conv")  # per output channel
+
+        def product(qx: Tensor, qw: Tensor) -> Tensor:
+            return self.gemm.conv1d(qx, qw, stride, padding, dilation, groups)
+
+        return self._conv(x, bias, terms, weights, product)
 
     def convolution(
         self,
@@ -495,16 +493,35 @@ class _Products:
         groups: int = 1,
         dilation: Any = 1,
     ) -> Tensor:
-        batched = x.dim() == 3
-        x3 = x if batched else x[None]
         terms = (weight.shape[0] // groups) * weight.shape[2]
+
+        def weights(bits: int) -> tuple[Tensor, Tensor]:
+            qw, inverse = self.weights.get(weight, (0, 2), bits)  # (1, Cout/groups, 1)
+            return qw, inverse.repeat(1, groups, 1)
+
+        def product(qx: Tensor, qw: Tensor) -> Tensor:
+            return self.gemm.conv_transpose1d(
+                qx, qw, stride, padding, output_padding, groups, dilation
+            )
+
+        return self._conv(x, bias, terms, weights, product)
+
+    @staticmethod
+    def _conv(
+        x: Tensor,
+        bias: Tensor | None,
+        terms: int,
+        weights: Callable[[int], tuple[Tensor, Tensor]],
+        product: Callable[[Tensor, Tensor], Tensor],
+    ) -> Tensor:
+        """What conv1d and conv_transpose1d share: an unbatched input as a batch of one,
+        operands quantized for sums of `terms` products, the exact product rescaled and
+        rounded once, then the bias."""
+        batched = x.dim() == 3
         bits = em.operand_bits(terms)
-        qx, inverse_x = em.quantize_scaled(x3, (1, 2), bits)
-        qw, inverse_w = self.weights.get(weight, (0, 2), bits)  # (1, Cout/groups, 1)
-        product = self.gemm.conv_transpose1d(
-            qx, qw, stride, padding, output_padding, groups, dilation
-        )
-        out = (product * inverse_x * inverse_w.repeat(1, groups, 1)).to(x.dtype)
+        qx, inverse_x = em.quantize_scaled(x if batched else x[None], (1, 2), bits)
+        qw, inverse_w = weights(bits)
+        out = (product(qx, qw) * inverse_x * inverse_w).to(x.dtype)
         if bias is not None:
             out = out + bias.reshape(1, -1, 1)
         return out if batched else out[0]
