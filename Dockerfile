@@ -11,6 +11,7 @@ COPY schemas ./schemas
 COPY vocoder ./vocoder
 COPY replay ./replay
 COPY lag ./lag
+COPY omni ./omni
 RUN pip install ".[vocoder,metrics]"
 USER 65534
 ENTRYPOINT []

@@ -14,6 +14,7 @@ demo: setup
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: setup
 	$(PY) -m mypy
@@ -21,6 +22,7 @@ typecheck: setup
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
@@ -31,7 +33,7 @@ bench: setup
 	$(PY) bench/run_all.py
 
 fixture: setup
-	$(PY) -m vocoder.fixture --write
+	$(PY) -m codeclog.vocoder.fixture --write
 
 clean:
 	rm -rf .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -104,7 +104,7 @@ class ListenerProbe(threading.Thread):
 
     def __init__(self, bootstrap: str, topic: str, isolation: Any) -> None:
         super().__init__(daemon=True)
-        from consumers.listener import AudioListener
+        from codeclog.consumers.listener import AudioListener
 
         self.listener = AudioListener({"bootstrap.servers": bootstrap}, topic, isolation)
         self.listener.start()
@@ -125,13 +125,13 @@ class ListenerProbe(threading.Thread):
 
 
 def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dict[str, Any]:
-    from codeclog.config import TopicsConfig
+    from codeclog.consumers.pipeline import StepOutput
+    from codeclog.consumers.service import VocodeConfig, VocoderService
+    from codeclog.lag.drain import undrained, wait_drained
+    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
+    from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
     from codeclog.topics import ensure_topics
-    from consumers.pipeline import StepOutput
-    from consumers.service import VocodeConfig, VocoderService
-    from lag.drain import undrained, wait_drained
-    from producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
-    from producers.synthetic import SyntheticConfig, merged, play, scripts
+    from codeclog.topics_config import TopicsConfig
 
     run = uuid.uuid4().hex[:8]
     topics = TopicsConfig(
@@ -156,7 +156,7 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
     service = Instrumented(client, topics, config, engine, stop_event=stop)
     thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
-    from consumers.listener import Isolation
+    from codeclog.consumers.listener import Isolation
 
     probes = {
         isolation: ListenerProbe(bootstrap, topics.audio, isolation)
@@ -237,7 +237,7 @@ def print_batching(engine: Any, batches: list[int], reps: int) -> None:
     """The batching table: the service's engine, one decode worker, and, for reference, the
     stock batched HiFT (one HiFT call per batch: what batching could give if HiFT needed no
     batch invariance; the service never uses it on CPU, its bytes depend on the batch)."""
-    from vocoder.engine import Code2WavEngine
+    from codeclog.vocoder.engine import Code2WavEngine
 
     single = Code2WavEngine.from_spec("tiny", workers=1)
     stock = Code2WavEngine.from_spec("tiny", workers=1)
@@ -277,7 +277,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(2)
-    from vocoder.engine import Code2WavEngine
+    from codeclog.vocoder.engine import Code2WavEngine
 
     engine = Code2WavEngine.from_spec("tiny")
     if not args.skip_batching:

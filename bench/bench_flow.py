@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     import torch  # after argparse: --help works without torch
 
-    from vocoder.flow import FlowConfig, Token2WavFlow
+    from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
 
     torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -3,7 +3,7 @@
 The fold must not be the consumer's bottleneck: the target is a fold at least 2x faster than
 decoding the records it folds. Both are measured here in one run on the same seeded, realistic
 stream (1000 interleaved duplex sessions of 4 turns, about 30 chunks each, made by
-consumers.fold.synth):
+codeclog.testing.upstream_streams):
 
 - `wire.decode`: schemas.wire.decode, bytes -> CodecChunk (what the consumer does per record);
 - `fastavro`: fastavro.schemaless_reader alone, body bytes -> dict (the Avro floor);
@@ -32,9 +32,9 @@ from typing import Any
 
 from fastavro import parse_schema, schemaless_reader
 
-from consumers.fold.machine import FoldConfig, Policy, fold, new_state
-from consumers.fold.synth import realistic_events
-from schemas.records import CodecChunk
+from codeclog.consumers.fold.machine import FoldConfig, Policy, fold, new_state
+from codeclog.schemas.records import CodecChunk
+from codeclog.testing.upstream_streams import realistic_events
 
 AVRO_DIR = Path(__file__).resolve().parent.parent / "schemas" / "avro"
 SOE_HEADER_BYTES = 10  # C3 01 + 8-byte fingerprint (schemas.wire)
@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7, help="seed of the stream generator")
     args = parser.parse_args(argv)
 
-    from schemas import wire  # after argparse: --help must work without the wire module
+    from codeclog.schemas import wire  # after argparse: --help must work without the wire module
 
     events = realistic_events(random.Random(args.seed), args.sessions, args.turns)
     values = [wire.encode(event) for event in events]

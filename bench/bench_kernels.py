@@ -26,8 +26,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from bench.bench_vocoder import build_engine, schedule  # noqa: E402
-from vocoder.engine import Code2WavEngine, pcm_s16le  # noqa: E402
-from vocoder.kernels.portable import IntegerProducts  # noqa: E402
+from codeclog.vocoder.engine import Code2WavEngine, pcm_s16le  # noqa: E402
+from codeclog.vocoder.kernels.portable import IntegerProducts  # noqa: E402
 
 SAMPLE_RATE = 24000
 CONFIGS = ("native", "portable/float64", "portable/int64")
@@ -37,7 +37,7 @@ def _engine(spec: str, config: str, threads: int) -> Code2WavEngine:
     kernels, _, gemm = config.partition("/")
     engine = build_engine(spec, "cpu", "float32", threads, workers=1, kernels=kernels)
     if gemm:
-        from vocoder.kernels import portable
+        from codeclog.vocoder.kernels import portable
 
         portable._DEFAULT_GEMM = IntegerProducts(gemm)  # the process-wide choice, forced
         engine = build_engine(spec, "cpu", "float32", threads, workers=1, kernels=kernels)

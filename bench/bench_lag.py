@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from lag.evaluator import EvaluatorConfig, LagWindows, PartitionId, Sample
+from codeclog.lag.evaluator import EvaluatorConfig, LagWindows, PartitionId, Sample
 
 TARGET_MS = 200.0
 T0_MS = 1_700_000_000_000

@@ -33,9 +33,9 @@ import confluent_kafka
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.broker import BrokerSettings, LocalBroker
-from producers.publisher import ChunkPublisher, PublisherConfig
-from producers.windowing import StepInput, initial_state, step
-from schemas.records import CODEC_VOCAB, CodecChunk
+from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
+from codeclog.producers.windowing import StepInput, initial_state, step
+from codeclog.schemas.records import CODEC_VOCAB, CodecChunk
 
 LINGERS_MS = (0.0, 1.0, 5.0)
 REQUESTS = 64

@@ -1,16 +1,16 @@
 """State-only replay throughput: read a capture (Avro OCF), report plain requests from columns,
 fold the rest.
 
-A synthetic capture of realistic duplex sessions (consumers.fold.synth: 25-frame windows behind
-3 context frames, placeholders, short and exact-boundary finals; ~30 chunks per 4-turn session),
-interleaved and spread over 8 partitions by key, is written once; then the whole replay path
-(`replay.runner.replay` on `replay.inputs.load_input`, exactly what `codeclog replay --json`
-runs, minus printing) is timed, best of --repeat, with the default processes next to one
+A synthetic capture of realistic duplex sessions (codeclog.testing.upstream_streams: 25-frame
+windows behind 3 context frames, placeholders, short and exact-boundary finals; ~30 chunks per
+4-turn session), interleaved and spread over 8 partitions by key, is written once; then the whole
+replay path (`replay.runner.replay` on `replay.inputs.load_input`, exactly what `codeclog replay
+--json` runs, minus printing) is timed, best of --repeat, with the default processes next to one
 process, and a breakdown of the one-process work stage by stage: reading the capture as columns
-(replay.columns), the plain lane (replay.lanes: the chunk values walked with numpy, plain
-requests reported from the integers), and the rest (the fold of the requests the lane left, the
-join). For comparison: the shared pipeline's path (fastavro records, `wire.decode` per value,
-`AudioPipeline`). Target: >= 100k events/s on a 2-core machine.
+(replay.columns), the plain lane (replay.lanes: the chunk values walked with numpy, plain requests
+reported from the integers), and the rest (the fold of the requests the lane left, the join). For
+comparison: the shared pipeline's path (fastavro records, `wire.decode` per value, `AudioPipeline`).
+Target: >= 100k events/s on a 2-core machine.
 
     python bench/bench_replay.py                 # 1000 sessions, 8 partitions, tolerant
     python bench/bench_replay.py --policy strict --sessions 200
@@ -27,15 +27,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from consumers.fold.machine import FoldConfig, Policy
-from consumers.fold.synth import realistic_events
-from replay.capture_format import read_capture
-from replay.columns import CaptureTable, read_table
-from replay.fast import MIN_RECORDS_PER_WORKER, collector_paused, default_workers
-from replay.inputs import InputKind, ReplayInput, load_input, log_order
-from replay.lanes import Lane, plain_lane
-from replay.runner import ReplayOptions, replay, report_json
-from replay.synthetic import metadata_for, records_from_events, write_capture
+from codeclog.consumers.fold.machine import FoldConfig, Policy
+from codeclog.replay.capture_format import read_capture
+from codeclog.replay.columns import CaptureTable, read_table
+from codeclog.replay.fast import MIN_RECORDS_PER_WORKER, collector_paused, default_workers
+from codeclog.replay.inputs import InputKind, ReplayInput, load_input, log_order
+from codeclog.replay.lanes import Lane, plain_lane
+from codeclog.replay.runner import ReplayOptions, replay, report_json
+from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
+from codeclog.testing.upstream_streams import realistic_events
 
 TARGET_EVENTS_PER_S = 100_000
 

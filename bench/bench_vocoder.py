@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from vocoder.engine import Code2WavEngine  # noqa: E402
-from vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows  # noqa: E402
-from vocoder.hift import HiftConfig, build_hift, initialise_hift  # noqa: E402
+from codeclog.vocoder.engine import Code2WavEngine  # noqa: E402
+from codeclog.vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows  # noqa: E402
+from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift  # noqa: E402
 
 SILENCE = 4218
 

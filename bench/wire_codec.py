@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from fastavro import schemaless_reader, schemaless_writer
 
-from schemas import wire
-from schemas.records import SILENCE_CODE, CodecChunk, to_dict
+from codeclog.schemas import wire
+from codeclog.schemas.records import SILENCE_CODE, CodecChunk, to_dict
 
 STEADY_WINDOW = CodecChunk(
     request_id="6f1c2a0e-1d7b-4c55-9d0e-2b8f4e7a9c31",

@@ -1,3 +1,5 @@
 """codeclog: an event-sourced Kafka pipeline from a speech talker to the Token2wav vocoder."""
 
-__version__ = "0.1.0"
+from codeclog.version import __version__
+
+__all__ = ["__version__"]

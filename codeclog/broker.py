@@ -738,19 +738,6 @@ class LocalBroker:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def local_bootstrap(data_dir: Path) -> str | None:
-    """The bootstrap address of the broker running for `data_dir`, or None if none runs.
-    For a local cluster's data dir: the comma-separated addresses of its running nodes."""
-    from codeclog.cluster import LocalCluster, cluster_bootstrap  # cluster imports this module
-
-    if LocalCluster.holds_cluster(data_dir):
-        return cluster_bootstrap(data_dir)
-    status = LocalBroker(data_dir).status()
-    if status.kind is BrokerStatusKind.RUNNING and status.state is not None:
-        return status.state.bootstrap
-    return None
-
-
 def _run_format(command: list[str], log_dirs: Path) -> None:
     try:
         done = subprocess.run(

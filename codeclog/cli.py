@@ -13,8 +13,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from codeclog import __version__
 from codeclog.errors import CodeclogError, exit_code
+from codeclog.version import __version__
 
 COMMANDS: tuple[str, ...] = (
     "codeclog.commands.broker",

@@ -542,3 +542,14 @@ __all__ = [
     "render_cluster_properties",
     "replication_for",
 ]
+
+
+def local_bootstrap(data_dir: Path) -> str | None:
+    """The bootstrap address of the broker running for `data_dir`, or None if none runs.
+    For a local cluster's data dir: the comma-separated addresses of its running nodes."""
+    if LocalCluster.holds_cluster(data_dir):
+        return cluster_bootstrap(data_dir)
+    status = LocalBroker(data_dir).status()
+    if status.kind is BrokerStatusKind.RUNNING and status.state is not None:
+        return status.state.bootstrap
+    return None

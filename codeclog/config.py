@@ -19,81 +19,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from codeclog.errors import CodeclogError, UsageError
+from codeclog.errors import CodeclogError, ConfigError
+from codeclog.paths import default_data_dir
+from codeclog.topics_config import TopicsConfig
 
 ENV_BOOTSTRAP = "CODECLOG_BOOTSTRAP"
-ENV_DATA_DIR = "CODECLOG_DATA_DIR"
-
-
-class ConfigError(UsageError):
-    """A configuration value is missing, malformed or contradictory."""
 
 
 class NoClusterError(CodeclogError):
     """No cluster was named and no local broker runs: a failure (exit 1), not a usage error."""
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "codeclog"
-
-
-def default_data_dir() -> Path:
-    env = os.environ.get(ENV_DATA_DIR)
-    return Path(env) if env else default_cache_dir() / "broker"
-
-
-@dataclasses.dataclass(frozen=True)
-class TopicsConfig:
-    """Topic names and partition counts. Every field is documented; unknown keys are errors."""
-
-    chunks: str = "codec.chunks"  # codec chunks and control events, keyed by request id
-    audio: str = "codec.audio"  # audio chunks, keyed by request id
-    dlq: str = "codec.dlq"  # dead letters: reason, position, details, raw bytes
-    progress: str = "codec.progress"  # compacted: per-request recovery checkpoints
-    partitions: int = 8  # partitions of the chunks, audio and progress topics
-    dlq_partitions: int = 1
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> TopicsConfig:
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - set(known))
-        if unknown:
-            raise ConfigError(f"unknown topic config keys: {', '.join(unknown)}")
-        values: dict[str, Any] = {}
-        for key, value in raw.items():
-            expected = int if key.endswith("partitions") else str
-            if not isinstance(value, expected) or isinstance(value, bool):
-                raise ConfigError(f"topic config {key!r} must be {expected.__name__}")
-            if isinstance(value, int) and value < 1:
-                raise ConfigError(f"topic config {key!r} must be >= 1, got {value}")
-            if expected is str and not value:
-                raise ConfigError(f"topic config {key!r} must not be empty")
-            values[key] = value
-        config = cls(**values)
-        names = [config.chunks, config.audio, config.dlq, config.progress]
-        if len(set(names)) != len(names):
-            raise ConfigError("topic names must be distinct")
-        return config
-
-    @classmethod
-    def load(cls, path: str | Path | None) -> TopicsConfig:
-        if path is None:
-            return cls()
-        try:
-            raw = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read topics config {path}: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise ConfigError(f"topics config {path} must be a JSON object")
-        return cls.from_dict(raw)
 
 
 def read_properties(path: str | Path) -> dict[str, str]:
@@ -160,7 +100,7 @@ def resolve_bootstrap(args: argparse.Namespace, from_file: str | None = None) ->
                 file=sys.stderr,
             )
         return value
-    from codeclog.broker import local_bootstrap  # local import: broker pulls subprocess helpers
+    from codeclog.cluster import local_bootstrap  # local import: it pulls subprocess helpers
 
     data_dir = getattr(args, "data_dir", None) or default_data_dir()
     found = local_bootstrap(Path(data_dir))

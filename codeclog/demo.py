@@ -27,10 +27,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from codeclog.config import TopicsConfig
 from codeclog.errors import CodeclogError
-from schemas import wire
-from schemas.records import SAMPLE_RATE_HZ, AudioChunk, DeadLetter
+from codeclog.schemas import wire
+from codeclog.schemas.records import SAMPLE_RATE_HZ, AudioChunk, DeadLetter
+from codeclog.topics_config import TopicsConfig
 
 ENV_CHECKPOINT = "CODECLOG_TOKEN2WAV_DIR"
 
@@ -167,7 +167,7 @@ class LagSampler(threading.Thread):
 
     def __init__(self, bootstrap: str, group: str, topic: str, t0: float) -> None:
         super().__init__(daemon=True)
-        from lag.monitor import LagMonitor
+        from codeclog.lag.monitor import LagMonitor
 
         logger = logging.getLogger("codeclog.kafka")
         client: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": logger}
@@ -204,8 +204,8 @@ class LagSampler(threading.Thread):
 
 
 def _talk(bootstrap: str, topics: TopicsConfig, options: DemoOptions, show: Any) -> dict[str, Any]:
-    from producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
-    from producers.synthetic import SyntheticConfig, merged, play, scripts
+    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
+    from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
 
     synthetic = SyntheticConfig(
         sessions=options.sessions, seconds=options.seconds, seed=options.seed
@@ -282,7 +282,7 @@ def write_wavs(chunks: list[AudioChunk], out_dir: Path) -> dict[str, float]:
 
 
 def _dead_letters(bootstrap: str, topics: TopicsConfig) -> dict[str, int]:
-    from consumers.service import read_partition
+    from codeclog.consumers.log_reader import read_partition
 
     reasons: dict[str, int] = {}
     for partition in range(topics.dlq_partitions):
@@ -436,8 +436,8 @@ def _summarise(
 
 
 def _verify(bootstrap: str, topics_file: Path, options: DemoOptions) -> dict[str, Any]:
-    from consumers.verify import verify
-    from vocoder.engine import Code2WavEngine
+    from codeclog.consumers.verify import verify
+    from codeclog.vocoder.engine import Code2WavEngine
 
     _say("[demo] verifying: offline replay of every chunk vs the audio topic")
     engine = Code2WavEngine.from_spec(

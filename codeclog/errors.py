@@ -18,6 +18,10 @@ class UsageError(CodeclogError):
     """The user asked for something impossible (options, configuration): exit 2."""
 
 
+class ConfigError(UsageError):
+    """A configuration value is missing, malformed or contradictory."""
+
+
 def exit_code(exc: BaseException) -> int:
     """The exit code for an error a command could not get past."""
     return EXIT_USAGE if isinstance(exc, UsageError | ValueError) else EXIT_FAILURE

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
-from codeclog.config import default_cache_dir
 from codeclog.errors import CodeclogError
+from codeclog.paths import default_cache_dir
 
 KAFKA_VERSION = "4.3.1"
 ENV_KAFKA_LIBS = "CODECLOG_KAFKA_LIBS"

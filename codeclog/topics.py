@@ -24,8 +24,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from codeclog.config import TopicsConfig
 from codeclog.errors import CodeclogError
+from codeclog.topics_config import TopicsConfig
 
 CLEANUP_POLICY = "cleanup.policy"
 MIN_INSYNC_REPLICAS = "min.insync.replicas"

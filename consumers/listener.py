@@ -41,9 +41,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from consumers.audio_compare import Bound, compare_bound, pcm_digest
-from schemas import wire
-from schemas.records import AudioChunk
+from codeclog.consumers.audio_compare import Bound, compare_bound, pcm_digest
+from codeclog.schemas import wire
+from codeclog.schemas.records import AudioChunk
 
 log = logging.getLogger("codeclog.listen")
 

@@ -26,22 +26,29 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from consumers.fold.machine import FoldConfig, FoldState, evict, fold, new_state
-from consumers.fold.outcomes import Abandoned, Decode, Outcome, Reject, RejectReason, Release
-from consumers.fold.report import ReportBuilder
-from schemas import wire
-from schemas.records import (
+from codeclog.consumers.fold.machine import FoldConfig, FoldState, evict, fold, new_state
+from codeclog.consumers.fold.outcomes import (
+    Abandoned,
+    Decode,
+    Outcome,
+    Reject,
+    RejectReason,
+    Release,
+)
+from codeclog.consumers.fold.report import ReportBuilder
+from codeclog.schemas import wire
+from codeclog.schemas.records import (
     SAMPLE_RATE_HZ,
     AudioChunk,
     CodecChunk,
     ControlEvent,
     DeadLetter,
 )
-from vocoder.shared import pcm_s16le, stream_seed
+from codeclog.vocoder.shared import pcm_s16le, stream_seed
 
 Event = CodecChunk | ControlEvent
-KEY_MISMATCH = "key_mismatch"  # dead-letter reason: the record key is not the chunk's request id
-MISSING_KEY = "missing_key"  # dead-letter reason: a record without a key (its body names one)
+KEY_MISMATCH = RejectReason.KEY_MISMATCH.value  # dead-letter reasons of the consumer's own,
+MISSING_KEY = RejectReason.MISSING_KEY.value  # in the fold's one closed enum
 # A dead letter must always fit the dead-letter topic (the broker's default max.message.bytes
 # is 1 MiB, and a refused input can be just under it): a raw value and key up to this many
 # bytes are kept whole; beyond, a prefix of DEAD_LETTER_PREFIX_BYTES is kept, with the size and

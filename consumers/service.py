@@ -1,32 +1,21 @@
-"""The Code2Wav consumer: fold, batch-decode and write audio with exactly-once semantics.
+"""The Code2Wav consumer service: a consumer-group member that polls, decodes and commits.
 
 One step = one `consume()` of up to `max_records` records, the shared AudioPipeline (fold +
-batched vocoder decode), then ONE Kafka transaction that carries the audio chunks, the dead
-letters, a checkpoint per touched request (compacted progress topic) and the consumed offsets.
-A crash before the commit aborts everything of the step; a crash after it loses nothing.
+batched vocoder decode), then ONE Kafka transaction (consumers/transaction.py) that carries the
+audio chunks, the dead letters, a checkpoint per touched request (consumers/progress.py) and the
+consumed offsets. While a step decodes on a worker thread, this thread keeps polling: records
+become the next batch, rebalance callbacks run, and a saturated decoder pauses the assignment.
+Partitions that arrive are restored by consumers/recovery.py; a failed transaction rewinds to
+the committed offsets and restores every assigned partition the same way.
 
-The commit overlaps the next step: a step's transaction is committed on a helper thread while
-the main thread polls and decodes the next batch, so the vocoder does not wait for the broker.
-Transactions stay strictly sequential: a step begins its own transaction only after the
-previous commit returned; if that commit failed, the step's decoded results are discarded and
-the state is rebuilt from the log (`_rewind`), exactly as after any failed transaction.
-Rebalance callbacks, the idle check and shutdown wait for the commit in flight first.
-
-How recovery works (see also the README): vocoder state (hundreds of MB per stream on the real
-model) is never snapshotted. Each transaction writes, per touched request, a small checkpoint
-to the progress topic, in the partition numbered like the input partition: the fold state
-(export_request), whether the stream is open, and the input offset where its current epoch
-started. When a partition is assigned (start, restart after SIGKILL, rebalance), the consumer
-reads that progress partition, restores the fold state of every request, and for each open
-stream re-reads the input from the start of its epoch up to the committed offset, decoding
-without emitting (event sourcing) to rebuild the vocoder state. Decoding is deterministic, so
-the windows after the committed offset are byte-identical to an uninterrupted run.
+Modules: this loop; `transaction` (the transaction boundary and the commit thread); `progress`
+(checkpoints written and read); `recovery` (state rebuilt on assignment); `log_reader` (reading
+committed records without a group); `kafka_calls` (bounded librdkafka calls, error kinds).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -41,67 +30,46 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_INVALID,
     Consumer,
-    KafkaError,
     KafkaException,
     Message,
-    Producer,
     TopicPartition,
 )
 
-from codeclog.config import TopicsConfig
-from codeclog.errors import CodeclogError
-from consumers.fold.machine import FoldConfig, Policy, export_request, import_request
-from consumers.metrics import VocoderMetrics
-from consumers.pipeline import (
+from codeclog.consumers.fold.machine import FoldConfig, Policy
+from codeclog.consumers.kafka_calls import (
+    KAFKA_LOG,
+    ClusterUnavailableError,
+    InfrastructureError,
+    StuckCallError,
+    bounded,
+    one_line,
+)
+from codeclog.consumers.log_reader import input_record
+from codeclog.consumers.metrics import VocoderMetrics
+from codeclog.consumers.pipeline import (
     DEAD_LETTER_HEADROOM_BYTES,
     DEAD_LETTER_RAW_LIMIT,
     AudioPipeline,
     InputRecord,
     PipelineConfig,
-    Position,
     StepOutput,
     VocoderEngine,
 )
-from schemas import wire
-from schemas.records import SAMPLE_RATE_HZ, StreamCheckpoint
+from codeclog.consumers.progress import CheckpointWriter, progress_key
+from codeclog.consumers.recovery import Recovery, RecoverySource
+from codeclog.consumers.transaction import TransactionError, Transactions
+from codeclog.schemas import wire
+from codeclog.schemas.records import SAMPLE_RATE_HZ
+from codeclog.topics_config import TopicsConfig
 
 log = logging.getLogger("codeclog.vocode")
-# librdkafka's own log lines (connection failures, session timeouts, ...) go to this logger,
-# never straight to the terminal; `codeclog vocode -v` shows them.
-KAFKA_LOG = logging.getLogger("codeclog.kafka")
-
+T = TypeVar("T")
 DEFAULT_GROUP = "codeclog-vocoder"
 EXIT_OK = 0
 EXIT_INFRASTRUCTURE = 1
 EXIT_STRICT_FATAL = 3
-# A Kafka call given a timeout T that has not returned after T + CALL_GRACE_S is stuck (seen:
-# send_offsets_to_transaction after a broker crash, long past its timeout): it is abandoned on
-# its helper thread and the producer is replaced (init_transactions fences the old one).
-CALL_GRACE_S = 5.0
 RETRY_PAUSE_S = 1.0  # between two recovery attempts while the cluster does not answer
 CLOSE_ON_FAILURE_S = 2.0  # abort, close and flush bounds once the member is exiting 1
-_FENCED_NAMES = ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
-FENCED_CODES = frozenset(
-    code for name in _FENCED_NAMES if (code := getattr(KafkaError, name, None)) is not None
-)
-
-T = TypeVar("T")
-
-
-class InfrastructureError(CodeclogError):
-    """Kafka (or the machine) failed in a way the consumer cannot repair: the process ends."""
-
-
-class ClusterUnavailableError(InfrastructureError):
-    """A read the recovery needs timed out: retried until the outage limit, then the end."""
-
-
-class StuckCallError(CodeclogError):
-    """A librdkafka call did not return within its timeout plus CALL_GRACE_S."""
-
-    def __init__(self, what: str, waited_s: float) -> None:
-        super().__init__(f"{what} did not return within {waited_s:g} s")
-        self.what = what
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,22 +123,32 @@ class VocoderService:
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self._dead_letter_limit = DEAD_LETTER_RAW_LIMIT
         self.pipeline = self._new_pipeline()
-        self._epoch_start: dict[str, int] = {}
+        self.transactions = Transactions(
+            client_config,
+            config.transactional_id,
+            config.transaction_timeout_ms,
+            config.kafka_timeout_s,
+            self.metrics,
+        )
+        self.checkpoints = CheckpointWriter(topics.chunks, config.group, config.transactional_id)
+        self.recovery = Recovery(
+            RecoverySource(
+                client_config,
+                topics.chunks,
+                topics.progress,
+                config.group,
+                config.kafka_timeout_s,
+                config.rebuild_batch,
+            ),
+            self.metrics,
+        )
         self._stop = stop_event or threading.Event()
         self._consumer: Consumer | None = None
-        self._producer: Producer | None = None
-        self._committing: threading.Thread | None = None  # the previous step's commit
-        self._commit_error: KafkaException | StuckCallError | None = None
-        self._commit_generation = 0  # bumped when a stuck commit is abandoned
-        self._producer_wedged = False  # a call on it got stuck or it hit a fatal error
-        self._producer_needs_init = False
-        self._abandoned: list[Producer] = []  # replaced producers: never destroyed (may block)
         self._failing_since: float | None = None  # first failure since the last commit
         self._last_failure_at: float | None = None
         self._last_error = ""
         self._assign_failed: BaseException | None = None  # recovery in a callback failed
         self._finished = threading.Event()
-        self._closing_timeout_s: float | None = None  # set when exiting on a failure
         self._decoding: threading.Thread | None = None  # this step's decode, while it runs
         self._void_step = False  # the assignment changed during this step's decode
         self._pending: list[InputRecord] = []  # polled while a step decoded: the next batch
@@ -191,7 +169,7 @@ class VocoderService:
     def abandoned_clients(self) -> int:
         """Producers given up on (stuck or fatal). The CLI ends with os._exit when > 0:
         destroying a handle with a call still inside librdkafka can block."""
-        return len(self._abandoned)
+        return self.transactions.abandoned
 
     @property
     def bootstrap(self) -> str:
@@ -207,27 +185,28 @@ class VocoderService:
             self._start()
             return self._loop()
         except (InfrastructureError, StuckCallError, KafkaException) as exc:
-            print(f"codeclog vocode: {_one_line(exc)}", file=sys.stderr)
-            # The cluster is failing: short bounds from here on (an open transaction is aborted
-            # by the next member's init_transactions, or by its timeout).
-            self._closing_timeout_s = CLOSE_ON_FAILURE_S
-            self._join_commit()
-            self._abort_quietly()
+            print(f"codeclog vocode: {one_line(exc)}", file=sys.stderr)
+            self._end_on_failure()
             return EXIT_INFRASTRUCTURE
         except Exception as exc:  # a bug: still one line (the traceback is logged with -v)
             log.debug("unexpected error", exc_info=True)
             print(
-                f"codeclog vocode: unexpected {type(exc).__name__}: {_one_line(exc)}",
+                f"codeclog vocode: unexpected {type(exc).__name__}: {one_line(exc)}",
                 file=sys.stderr,
             )
-            self._closing_timeout_s = CLOSE_ON_FAILURE_S
-            self._join_commit()
-            self._abort_quietly()
+            self._end_on_failure()
             return EXIT_INFRASTRUCTURE
         finally:
-            self._join_commit()
+            self.transactions.join()
             self._close()
             self._finished.set()
+
+    def _end_on_failure(self) -> None:
+        """The cluster is failing: short bounds from here on (an open transaction is aborted
+        by the next member's init_transactions, or by its timeout)."""
+        self.transactions.closing_timeout_s = CLOSE_ON_FAILURE_S
+        self.transactions.join()
+        self.transactions.abort_quietly()
 
     def _stop_watchdog(self) -> None:
         """SIGTERM ends the process within stop_timeout_s, whatever is stuck."""
@@ -248,13 +227,12 @@ class VocoderService:
 
     def _start(self) -> None:
         self._check_cluster()
-        self._producer = Producer(self._producer_config())
         try:
-            self._init_transactions()
+            self.transactions.start()
         except (KafkaException, StuckCallError) as exc:
             raise InfrastructureError(
                 f"cannot initialise transactions on the cluster at {self.bootstrap}: "
-                f"{_one_line(exc)}"
+                f"{one_line(exc)}"
             ) from exc
         self._consumer = Consumer(self._consumer_config())
         self._consumer.subscribe(
@@ -277,7 +255,7 @@ class VocoderService:
         except (KafkaException, StuckCallError) as exc:
             raise InfrastructureError(
                 f"no answer from the cluster at {self.bootstrap} within {timeout:g} s "
-                f"({_one_line(exc)})"
+                f"({one_line(exc)})"
             ) from exc
         if self.topics.chunks not in metadata.topics:
             log.warning("topic %s does not exist (yet) at %s", self.topics.chunks, self.bootstrap)
@@ -305,15 +283,8 @@ class VocoderService:
             self._dead_letter_limit = limit
             self.pipeline = self._new_pipeline()
 
-    def _init_transactions(self) -> None:
-        producer = self._producer
-        assert producer is not None
-        timeout = self.config.kafka_timeout_s
-        self._bounded("init_transactions", lambda: producer.init_transactions(timeout))
-        self._producer_needs_init = False
-
     def _close(self) -> None:
-        bound = self._closing_timeout_s or self.config.kafka_timeout_s
+        bound = self.transactions.closing_timeout_s or self.config.kafka_timeout_s
         if self._consumer is not None:
             consumer = self._consumer
             try:
@@ -321,48 +292,10 @@ class VocoderService:
             except (KafkaException, RuntimeError, StuckCallError) as exc:
                 log.warning("consumer close failed: %s", exc)
             self._consumer = None
-        if self._producer is not None:
-            producer = self._producer
-            if self._producer_wedged:
-                self._abandoned.append(producer)
-            else:
-                try:
-                    self._bounded("flush", lambda: producer.flush(bound), bound)
-                except (KafkaException, StuckCallError) as exc:
-                    log.warning("producer flush failed: %s", _one_line(exc))
-                    self._abandoned.append(producer)
-            self._producer = None
+        self.transactions.close()
 
     def _bounded(self, what: str, call: Callable[[], T], timeout_s: float | None = None) -> T:
-        """`call()` on a helper thread; StuckCallError if it has not returned within the
-        Kafka timeout plus CALL_GRACE_S (the helper is then abandoned). The waiting thread
-        stays responsive: signal handlers run, a stuck librdkafka call cannot hold it."""
-        limit = (self.config.kafka_timeout_s if timeout_s is None else timeout_s) + CALL_GRACE_S
-        box: list[tuple[bool, Any]] = []
-
-        def target() -> None:
-            try:
-                box.append((True, call()))
-            except BaseException as exc:  # handed to the waiting thread, raised there
-                box.append((False, exc))
-
-        worker = threading.Thread(target=target, name=f"codeclog-{what}", daemon=True)
-        worker.start()
-        worker.join(limit)
-        if worker.is_alive() or not box:
-            raise StuckCallError(what, limit)
-        ok, value = box[0]
-        if not ok:
-            raise value
-        result: T = value
-        return result
-
-    def _producer_config(self) -> dict[str, Any]:
-        config = transactional_producer_config(
-            self.client_config, self.config.transactional_id, self.config.transaction_timeout_ms
-        )
-        config.setdefault("logger", KAFKA_LOG)
-        return config
+        return bounded(what, call, self.config.kafka_timeout_s if timeout_s is None else timeout_s)
 
     def _consumer_config(self) -> dict[str, Any]:
         config: dict[str, Any] = dict(self.client_config)
@@ -460,8 +393,9 @@ class VocoderService:
             return []
         return self._records(messages)
 
-    def _records(self, messages: list[Message]) -> list[InputRecord]:
-        return [record for m in messages if (record := self._record(m)) is not None]
+    @staticmethod
+    def _records(messages: list[Message]) -> list[InputRecord]:
+        return [record for m in messages if (record := input_record(m)) is not None]
 
     def _fetched(self, consumer: Consumer) -> list[Message]:
         """Up to max_records records without waiting for a full batch: what is already fetched
@@ -477,22 +411,6 @@ class VocoderService:
             messages.extend(consumer.consume(limit - 1, 0))
         return messages
 
-    @staticmethod
-    def _record(message: Message) -> InputRecord | None:
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                return None
-            if error.fatal():
-                raise InfrastructureError(f"consumer error: {error}")
-            log.warning("consumer error: %s", error)
-            return None
-        _, timestamp_ms = message.timestamp()
-        position = Position(
-            message.topic() or "", message.partition() or 0, message.offset() or 0, timestamp_ms
-        )
-        return InputRecord(position, message.key(), message.value() or b"")
-
     def _step(self, records: Sequence[InputRecord]) -> StepOutput:
         try:
             return self._transaction(records)
@@ -500,109 +418,46 @@ class VocoderService:
             self._recover_from(exc)
             return StepOutput()
 
-    def _recover_from(self, exc: KafkaException | StuckCallError) -> None:
-        """A transaction failed (this step's or the previous): abort, rebuild from the log."""
-        self._handle_transaction_error(exc)
-        self._rebuild_after(exc)
-
-    def _rebuild_after(self, exc: BaseException) -> None:
-        """Rewind to the committed offsets, retrying while the cluster does not answer, until
-        outage_timeout_s after the first failure (then InfrastructureError: exit 1)."""
-        self._note_failure(exc)
-        while True:
-            try:
-                self._ensure_producer()
-                self._rewind()
-                return
-            except (KafkaException, StuckCallError, ClusterUnavailableError) as again:
-                if isinstance(again, StuckCallError):
-                    self._producer_wedged = True
-                log.warning("recovery failed (%s): retrying", _one_line(again))
-                self._note_failure(again)
-                if self._stop.wait(RETRY_PAUSE_S):
-                    raise InfrastructureError(
-                        f"stopped while the cluster at {self.bootstrap} did not answer "
-                        f"({self._last_error}); the uncommitted step is redone by the next member"
-                    ) from again
-
-    def _note_failure(self, exc: BaseException) -> None:
-        """Count a failure towards the outage limit. The clock runs from the first failure
-        since the last commit; a failure long after the previous one (an idle member that
-        commits nothing) starts it again."""
-        now = time.monotonic()
-        quiet_since = self._last_failure_at
-        if quiet_since is not None and now - quiet_since > self.config.outage_timeout_s:
-            self._failing_since = None
-        self._last_failure_at = now
-        if self._failing_since is None:
-            self._failing_since = now
-        self._last_error = _one_line(exc)
-        failing_s = now - self._failing_since
-        if failing_s > self.config.outage_timeout_s:
-            raise InfrastructureError(
-                f"no transaction committed for {failing_s:.0f} s: the cluster at "
-                f"{self.bootstrap} keeps failing ({self._last_error}); giving up (the next "
-                "member resumes from the committed offsets)"
-            )
-
-    def _ensure_producer(self) -> None:
-        """Replace a wedged producer (same transactional id: init_transactions fences the
-        old one and aborts its open transaction); finish a pending init_transactions."""
-        if self._producer is None or self._producer_wedged:
-            if self._producer is not None:
-                log.warning("replacing the transactional producer (%s)", self._last_error)
-                self._abandoned.append(self._producer)  # never destroyed: it may be stuck
-            self._producer = Producer(self._producer_config())
-            self._producer_wedged = False
-            self._producer_needs_init = True
-        if self._producer_needs_init:
-            try:
-                self._init_transactions()
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if isinstance(error, KafkaError) and error.fatal():
-                    self._producer_wedged = True
-                raise
-
     def _transaction(self, records: Sequence[InputRecord]) -> StepOutput:
-        assert self._producer is not None and self._consumer is not None
+        """Decode the step (while the previous commit is in flight), then write all it made in
+        one transaction whose commit runs in the background (consumers/transaction.py)."""
+        assert self._consumer is not None
         started = time.perf_counter()
         positions = self._positions()  # what this step consumed; taken before the next poll
-        out = self._decode(records)  # decodes while the previous commit is in flight
+        out = self._decode(records)
         if out is None:  # a rebalance happened meanwhile: the step is void, start over
             self.stats["void_steps"] += 1
             try:
-                self._await_commit()
+                self.transactions.await_commit()
             except (KafkaException, StuckCallError) as exc:  # the one rebuild below
-                self._handle_transaction_error(exc)
-                self._rebuild_after(exc)
+                self._recover_from(exc)
                 return StepOutput()
             self._rewind()
             return StepOutput()
         self.pipeline.evict_oldest(out, self.config.max_open_streams)
-        self._await_commit()  # raises if it failed: this step's results are then discarded
-        self._note_epoch_starts(out)
-        self._producer.begin_transaction()
+        tx = self.transactions
+        tx.await_commit()  # raises if it failed: this step's results are then discarded
+        self.checkpoints.note_epoch_starts(out)
+        tx.begin()
         for chunk in out.audio:
-            self._produce(self.topics.audio, chunk.request_id, wire.encode(chunk))
+            tx.produce(self.topics.audio, chunk.request_id, wire.encode(chunk))
         for letter in out.dead_letters:
-            self._produce(self.topics.dlq, letter.request_id or "", wire.encode(letter))
-        for checkpoint, partition in self._checkpoints(out, records):
-            value = wire.encode(checkpoint)
+            tx.produce(self.topics.dlq, letter.request_id or "", wire.encode(letter))
+        now_ms = self._clock_ms()
+        for checkpoint, partition in self.checkpoints.checkpoints(
+            self.pipeline, out, records, now_ms
+        ):
             key = progress_key(self.config.group, checkpoint.request_id)
-            self._produce(self.topics.progress, key, value, partition)
-        producer, metadata = self._producer, self._consumer.consumer_group_metadata()
-        timeout = self.config.kafka_timeout_s
-        self._bounded(
-            "send_offsets_to_transaction",
-            lambda: producer.send_offsets_to_transaction(positions, metadata, timeout),
-        )
+            tx.produce(self.topics.progress, key, wire.encode(checkpoint), partition)
+        tx.send_offsets(positions, self._consumer.consumer_group_metadata())
         self.metrics.open_streams.set(self.pipeline.open_streams())
-        self._committing = threading.Thread(
-            target=self._commit, args=(out, started), name="codeclog-commit", daemon=True
-        )
-        self._committing.start()
+        tx.commit_in_background(lambda: self._committed_step(out, started))
         return out
+
+    def _committed_step(self, out: StepOutput, started: float) -> None:
+        """On the commit thread, after the step's transaction committed."""
+        self._failing_since = None
+        self._observe(out, time.perf_counter() - started)
 
     def _decode(self, records: Sequence[InputRecord]) -> StepOutput | None:
         """`pipeline.step(records)` on a worker thread while this thread keeps polling
@@ -668,99 +523,18 @@ class VocoderService:
                 consumer.resume([tp for tp in paused if (tp.topic, tp.partition) in ours])
                 self.metrics.paused_partitions.set(0)
 
-    def _commit(self, out: StepOutput, started: float) -> None:
-        """The commit thread: commit the open transaction, then account for the step."""
-        assert self._producer is not None
-        generation = self._commit_generation
-        try:
-            self._producer.commit_transaction(self.config.kafka_timeout_s)
-        except KafkaException as exc:
-            if generation == self._commit_generation:
-                self._commit_error = exc
-            return
-        if generation != self._commit_generation:  # abandoned as stuck: it no longer counts
-            return
-        self._failing_since = None
-        self._observe(out, time.perf_counter() - started)
-
-    def _await_commit(self) -> None:
-        """Wait for the previous step's commit; re-raise its failure here, on the main thread."""
-        self._join_commit()
-        error, self._commit_error = self._commit_error, None
-        if error is not None:
-            raise error
-
     def _settle(self) -> None:
         """Wait for the commit in flight and handle its failure (before rebalances, idle checks
         and shutdown, which all read or hand over committed state)."""
         try:
-            self._await_commit()
+            self.transactions.await_commit()
         except (KafkaException, StuckCallError) as exc:
             self._recover_from(exc)
-
-    def _produce(self, topic: str, key: str, value: bytes, partition: int | None = None) -> None:
-        assert self._producer is not None
-        kwargs: dict[str, Any] = {"key": key.encode(), "value": value}
-        if partition is not None:
-            kwargs["partition"] = partition
-        deadline = time.monotonic() + self.config.kafka_timeout_s
-        while True:
-            try:
-                self._producer.produce(topic, **kwargs)
-                return
-            except BufferError:  # local queue full: let deliveries drain, then retry
-                if time.monotonic() > deadline:
-                    limit = self.config.kafka_timeout_s
-                    raise StuckCallError("produce (local queue full)", limit) from None
-                self._producer.poll(0.05)
 
     def _positions(self) -> list[TopicPartition]:
         assert self._consumer is not None
         positions = self._consumer.position(self._consumer.assignment())
         return [tp for tp in positions if tp.offset >= 0 and tp.offset != OFFSET_INVALID]
-
-    def _note_epoch_starts(self, out: StepOutput) -> None:
-        self._epoch_start.update(out.epoch_starts)
-
-    def _checkpoints(
-        self, out: StepOutput, records: Sequence[InputRecord]
-    ) -> list[tuple[StreamCheckpoint, int]]:
-        last_offset: dict[str, int] = {}
-        for record in records:
-            if record.key is not None:
-                last_offset[record.key.decode("utf-8", "replace")] = record.position.offset
-        now_ms = self._clock_ms()
-        result = []
-        for rid, partition in out.touched.items():
-            if not rid:
-                continue
-            checkpoint = self._checkpoint(rid, partition, last_offset.get(rid, -1), now_ms)
-            result.append((checkpoint, partition))
-        return result
-
-    def _checkpoint(
-        self, rid: str, partition: int, last_offset: int, now_ms: int
-    ) -> StreamCheckpoint:
-        exported = export_request(self.pipeline.fold_state(partition), rid)
-        is_open = bool(exported and exported["open"])
-        if not is_open:
-            self._epoch_start.pop(rid, None)
-        return StreamCheckpoint(
-            request_id=rid,
-            input_topic=self.topics.chunks,
-            input_partition=partition,
-            open=is_open,
-            cache_epoch=int(exported["epoch"]) if exported else -1,
-            epoch_start_offset=self._epoch_start.get(rid, -1) if is_open else -1,
-            last_offset=last_offset,
-            windows_emitted=self.pipeline.windows_emitted(rid),
-            samples_emitted=self.pipeline.samples_emitted(rid),
-            fold_state_json=json.dumps(exported, sort_keys=True) if exported else "",
-            updated_at_ms=now_ms,
-            producer_id=self.config.transactional_id,
-            consumer_group=self.config.group,
-            determinism_domain=self.pipeline.domain,
-        )
 
     def _observe(self, out: StepOutput, step_s: float) -> None:
         now_ms = self._clock_ms()
@@ -787,63 +561,60 @@ class VocoderService:
 
     # -- failures -------------------------------------------------------------------------------
 
-    def _handle_transaction_error(self, exc: KafkaException | StuckCallError) -> None:
-        """Abort the open transaction (or give up on the producer); InfrastructureError when
-        the member must end (fenced by another member with its transactional id)."""
-        self.metrics.transactions.labels(result="aborted").inc()
-        if isinstance(exc, StuckCallError):
-            log.warning("%s: abandoning the producer, rewinding to the committed offsets", exc)
-            self._producer_wedged = True
-            return
-        error = exc.args[0] if exc.args else None
-        if isinstance(error, KafkaError) and error.code() in FENCED_CODES:
-            self._producer_wedged = True  # no abort on a fenced producer: it is unusable
-            raise InfrastructureError(
-                f"fenced: another member uses the transactional id "
-                f"{self.config.transactional_id!r} ({_one_line(exc)})"
-            ) from exc
-        if isinstance(error, KafkaError) and error.fatal():
-            log.warning("fatal producer error (%s): replacing the producer, rewinding", error)
-            self._producer_wedged = True
-            return
-        if isinstance(error, KafkaError) and error.txn_requires_abort():
-            log.warning("transaction aborted (%s): rewinding to the committed offsets", error)
-        elif isinstance(error, KafkaError) and error.retriable():
-            log.warning("retriable transaction error (%s): aborting and retrying the step", error)
-        else:  # librdkafka: treat an error that is none of the three as fatal
-            log.warning("transaction failed (%s): replacing the producer, rewinding", exc)
-            self._producer_wedged = True
-            return
-        self._abort_quietly()
+    def _recover_from(self, exc: TransactionError) -> None:
+        """A transaction failed (this step's or the previous): abort, rebuild from the log."""
+        self.transactions.handle_error(exc)
+        self._rebuild_after(exc)
 
-    def _abort_quietly(self) -> None:
-        """Abort the open transaction; a producer that cannot abort is replaced later."""
-        producer = self._producer
-        if producer is None or self._producer_wedged:
-            return
-        timeout = self._closing_timeout_s or self.config.kafka_timeout_s
-        try:
-            self._bounded("abort_transaction", lambda: producer.abort_transaction(timeout), timeout)
-        except StuckCallError as exc:
-            log.warning("%s: the producer will be replaced", exc)
-            self._producer_wedged = True
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if isinstance(error, KafkaError) and error.code() == KafkaError._STATE:
-                log.debug("abort_transaction: %s", exc)  # no transaction was open
+    def _rebuild_after(self, exc: BaseException) -> None:
+        """Rewind to the committed offsets, retrying while the cluster does not answer, until
+        outage_timeout_s after the first failure (then InfrastructureError: exit 1)."""
+        self._note_failure(exc)
+        while True:
+            try:
+                self.transactions.ensure_producer(self._last_error)
+                self._rewind()
                 return
-            log.warning("abort_transaction failed (%s): the producer will be replaced", exc)
-            self._producer_wedged = True
+            except (KafkaException, StuckCallError, ClusterUnavailableError) as again:
+                if isinstance(again, StuckCallError):
+                    self.transactions.wedged = True
+                log.warning("recovery failed (%s): retrying", one_line(again))
+                self._note_failure(again)
+                if self._stop.wait(RETRY_PAUSE_S):
+                    raise InfrastructureError(
+                        f"stopped while the cluster at {self.bootstrap} did not answer "
+                        f"({self._last_error}); the uncommitted step is redone by the next member"
+                    ) from again
+
+    def _note_failure(self, exc: BaseException) -> None:
+        """Count a failure towards the outage limit. The clock runs from the first failure
+        since the last commit; a failure long after the previous one (an idle member that
+        commits nothing) starts it again."""
+        now = time.monotonic()
+        quiet_since = self._last_failure_at
+        if quiet_since is not None and now - quiet_since > self.config.outage_timeout_s:
+            self._failing_since = None
+        self._last_failure_at = now
+        if self._failing_since is None:
+            self._failing_since = now
+        self._last_error = one_line(exc)
+        failing_s = now - self._failing_since
+        if failing_s > self.config.outage_timeout_s:
+            raise InfrastructureError(
+                f"no transaction committed for {failing_s:.0f} s: the cluster at "
+                f"{self.bootstrap} keeps failing ({self._last_error}); giving up (the next "
+                "member resumes from the committed offsets)"
+            )
 
     def _rewind(self) -> None:
         """After an aborted step: rebuild all state from the log as after a fresh assignment."""
         assert self._consumer is not None
         assignment = self._consumer.assignment()
         self.pipeline = self._new_pipeline()
-        self._epoch_start.clear()
+        self.checkpoints.reset()
         self._pending.clear()  # read again from the committed offsets
         committed = self._committed(assignment)
-        self._recover_all(committed)
+        self._restore(committed)
         for tp in committed:
             # nothing committed yet: from the start, as auto.offset.reset says
             start = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
@@ -852,7 +623,7 @@ class VocoderService:
 
     def _strict_fatal(self, out: StepOutput) -> int:
         assert out.fatal is not None
-        from consumers.fold.report import strict_error_json
+        from codeclog.consumers.fold.report import strict_error_json
 
         print(
             "codeclog vocode: strict policy: the upstream stage would have died here: "
@@ -863,22 +634,22 @@ class VocoderService:
         )
         return EXIT_STRICT_FATAL
 
-    # -- rebalance and recovery -----------------------------------------------------------------
+    # -- rebalance ------------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._join_decode()
-        self._join_commit()
+        self.transactions.join()
         try:
-            self._recover_all(self._committed(partitions))
+            self._restore(self._committed(partitions))
         except (ClusterUnavailableError, KafkaException, StuckCallError) as exc:
             # Never raise out of a librdkafka callback: the loop rebuilds every partition
             # before it processes a record (`_poll`).
-            log.warning("partition recovery failed (%s): rebuilding", _one_line(exc))
+            log.warning("partition recovery failed (%s): rebuilding", one_line(exc))
             self._assign_failed = exc
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._join_decode()
-        self._join_commit()  # hand over committed work only
+        self.transactions.join()  # hand over committed work only
         for tp in partitions:
             self.pipeline.drop_partition(tp.partition)
 
@@ -889,18 +660,6 @@ class VocoderService:
             self._decoding.join()
             self._void_step = True
 
-    def _join_commit(self) -> None:
-        """Inside a rebalance callback: wait for the commit in flight without raising; a failure
-        stays recorded and the main loop rewinds at its next step. A commit still running after
-        its timeout plus CALL_GRACE_S is stuck: abandoned, recorded as the failure."""
-        if self._committing is not None:
-            limit = self.config.kafka_timeout_s + CALL_GRACE_S
-            self._committing.join(limit)
-            if self._committing.is_alive():
-                self._commit_generation += 1  # whatever it does later no longer counts
-                self._commit_error = StuckCallError("commit_transaction", limit)
-            self._committing = None
-
     def _committed(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         if not partitions:
             return []
@@ -909,165 +668,12 @@ class VocoderService:
             return list(self._consumer.committed(partitions, timeout=self.config.kafka_timeout_s))
         except KafkaException as exc:
             raise ClusterUnavailableError(
-                f"cannot read committed offsets: {_one_line(exc)}"
+                f"cannot read committed offsets: {one_line(exc)}"
             ) from exc
 
-    def _recover_all(self, committed: list[TopicPartition]) -> None:
-        """Restore the state of assigned partitions: one read of their progress partitions
-        (a reader per partition cost ~0.6 s each), then each partition's open streams."""
-        started = time.monotonic()
-        ours = [tp.partition for tp in committed if tp.offset >= 0]
-        fresh = sorted(tp.partition for tp in committed if tp.offset < 0)
-        if fresh:  # this group never committed there: nothing of ours to restore
-            log.info(
-                "partitions %s: no checkpoint (group %s has committed nothing there): "
-                "starting at the log start",
-                fresh,
-                self.config.group,
-            )
-        checkpoints = self._read_checkpoints(ours)
-        for tp in committed:
-            if tp.offset >= 0:
-                self._recover(tp, checkpoints.get(tp.partition, {}))
-        log.info(
-            "partitions %s assigned: state restored in %.2f s",
-            sorted(tp.partition for tp in committed),
-            time.monotonic() - started,
-        )
-
-    def _recover(self, tp: TopicPartition, checkpoints: dict[str, StreamCheckpoint]) -> None:
-        """One partition with a committed offset: restore its requests' fold states, rebuild
-        the vocoder states of its open streams."""
-        fold_state = self.pipeline.fold_state(tp.partition)
-        open_starts: dict[str, int] = {}
-        for rid, checkpoint in checkpoints.items():
-            if checkpoint.fold_state_json:
-                import_request(fold_state, rid, json.loads(checkpoint.fold_state_json))
-            if checkpoint.open and checkpoint.epoch_start_offset >= 0:
-                open_starts[rid] = checkpoint.epoch_start_offset
-        if open_starts and tp.offset >= 0:
-            self._rebuild(tp, open_starts, checkpoints)
-        self._epoch_start.update(open_starts)
-        log.info(
-            "partition %d: restored %d requests, rebuilt %d open streams up to offset %d",
-            tp.partition,
-            len(checkpoints),
-            len(open_starts),
-            tp.offset,
-        )
-
-    def _read_checkpoints(self, partitions: list[int]) -> dict[int, dict[str, StreamCheckpoint]]:
-        """This group's newest checkpoint per request, per progress partition. v2 records name
-        their group; a v1 record (no group: every group shared them) counts only when one of
-        this group's members wrote it (producer id `<group>-<instance>`)."""
-        if not partitions:
-            return {}
-        by_partition = read_partitions(
-            self.client_config, self.topics.progress, partitions, self.config.kafka_timeout_s
-        )
-        mine = f"{self.config.group}-"
-        result: dict[int, dict[str, StreamCheckpoint]] = {}
-        for partition, records in by_partition.items():
-            latest = result.setdefault(partition, {})
-            for record in records:
-                if not record.value:
-                    continue
-                try:
-                    checkpoint = wire.decode(record.value)
-                except wire.DecodeError as exc:
-                    log.warning("progress record at %s: %s", record.position, exc)
-                    continue
-                if not isinstance(checkpoint, StreamCheckpoint):
-                    continue
-                group = checkpoint.consumer_group
-                if group != self.config.group and (
-                    group or not checkpoint.producer_id.startswith(mine)
-                ):
-                    continue
-                latest[checkpoint.request_id] = checkpoint
-        return result
-
-    def _rebuild(
-        self,
-        tp: TopicPartition,
-        open_starts: dict[str, int],
-        checkpoints: dict[str, StreamCheckpoint],
-    ) -> None:
-        scratch = AudioPipeline(
-            dataclasses.replace(self.pipeline.config, per_partition=True), self.engine
-        )
-        wanted = {rid.encode(): start for rid, start in open_starts.items()}
-        start = min(open_starts.values())
-        batch: list[InputRecord] = []
-        for record in read_partition(
-            self.client_config, self.topics.chunks, tp.partition, start, tp.offset
-        ):
-            begin = wanted.get(record.key or b"")
-            if begin is not None and record.position.offset >= begin:
-                batch.append(record)
-            if len(batch) >= self.config.rebuild_batch:
-                scratch.step(batch, emit=False)
-                batch = []
-        if batch:
-            scratch.step(batch, emit=False)
-        self._check_domains(list(open_starts), checkpoints)
-        for rid in open_starts:
-            rebuilt = scratch.windows_emitted(rid)
-            expected = checkpoints[rid].windows_emitted
-            if rebuilt != expected:
-                log.warning(
-                    "request %s: rebuilt %d windows, checkpoint says %d", rid, rebuilt, expected
-                )
-        self.pipeline.adopt_streams(scratch, list(open_starts), tp.partition)
-        self.metrics.recoveries.inc(len(open_starts))
-
-    def _check_domains(self, rids: list[str], checkpoints: dict[str, StreamCheckpoint]) -> None:
-        """A stream rebuilt in another determinism domain than the one that decoded it so far
-        continues with audio that differs from an uninterrupted run in the low bits: said in
-        the log and counted (README, "How recovery works"). Portable members never differ."""
-        for rid in rids:
-            written = checkpoints[rid].determinism_domain
-            if written and written != self.pipeline.domain:
-                log.warning(
-                    "request %s: checkpoint domain %s, rebuilding in domain %s: the audio "
-                    "continues within the cross-domain bound, not bytewise",
-                    rid,
-                    written,
-                    self.pipeline.domain,
-                )
-                self.metrics.domain_changes.inc()
-
-
-def progress_key(group: str, request_id: str) -> str:
-    """The key of a checkpoint on the compacted progress topic: the group, U+001F (the unit
-    separator, in no sane group id) and the request id, so groups never compact away each
-    other's checkpoints. (v1 checkpoints were keyed by the request id alone.)"""
-    return f"{group}\x1f{request_id}"
-
-
-def transactional_producer_config(
-    client_config: dict[str, str], transactional_id: str, transaction_timeout_ms: int
-) -> dict[str, Any]:
-    """The service's transactional producer (bench/bench_transaction.py measures the same)."""
-    config: dict[str, Any] = dict(client_config)
-    config.update(
-        {
-            "transactional.id": transactional_id,
-            "enable.idempotence": True,
-            "linger.ms": 1,
-            # A step's transaction begins right after the previous commit, while the
-            # coordinator may still be writing its markers: it answers CONCURRENT_TRANSACTIONS
-            # and librdkafka retries after retry.backoff.ms, doubling up to the max. Measured
-            # on the local broker, back-to-back steps (bench_transaction.py): p50 ~110 ms with
-            # the default 100, 14 ms with 10, 5 ms with 1. Other retries back off the same way.
-            "retry.backoff.ms": 1,
-            "retry.backoff.max.ms": 100,
-            "transaction.timeout.ms": transaction_timeout_ms,
-            "partitioner": "murmur2_random",
-            "message.max.bytes": 4_000_000,
-        }
-    )
-    return config
+    def _restore(self, committed: list[TopicPartition]) -> None:
+        """Recovery of assigned partitions (consumers/recovery.py) into this pipeline."""
+        self.checkpoints.epoch_start.update(self.recovery.restore(self.pipeline, committed))
 
 
 def install_stop_handlers(stop: threading.Event) -> None:
@@ -1078,112 +684,3 @@ def install_stop_handlers(stop: threading.Event) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-
-
-def read_partition(
-    client_config: dict[str, str],
-    topic: str,
-    partition: int,
-    start: int,
-    end: int | None,
-    timeout_s: float = 30.0,
-) -> list[InputRecord]:
-    """Every committed record of one partition from `start` up to `end` (exclusive), or up to
-    the partition's end (the last stable offset: read_committed) when `end` is None.
-    Uses assign(), no group commits."""
-    config: dict[str, Any] = dict(client_config)
-    config.setdefault("logger", KAFKA_LOG)
-    config.update(
-        {
-            "group.id": "codeclog-reader",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-        }
-    )
-    if end is not None and end <= start:
-        return []
-    consumer = Consumer(config)
-    try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        return _read_until(consumer, TopicPartition(topic, partition), end, timeout_s)
-    finally:
-        consumer.close()
-
-
-def read_partitions(
-    client_config: dict[str, str], topic: str, partitions: list[int], timeout_s: float = 10.0
-) -> dict[int, list[InputRecord]]:
-    """Every committed record of several partitions of `topic` up to their ends, with one
-    reader (`read_partition` for each would pay a client start-up per partition). Gives up
-    (ClusterUnavailableError) when nothing arrives for `timeout_s`, however long the read."""
-    config: dict[str, Any] = dict(client_config)
-    config.setdefault("logger", KAFKA_LOG)
-    config.update(
-        {
-            "group.id": "codeclog-reader",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-        }
-    )
-    result: dict[int, list[InputRecord]] = {p: [] for p in partitions}
-    if not partitions:
-        return result
-    waiting = set(partitions)
-    consumer = Consumer(config)
-    try:
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        deadline = time.monotonic() + timeout_s
-        while waiting:
-            if time.monotonic() > deadline:
-                raise ClusterUnavailableError(
-                    f"timed out reading {topic} partitions {sorted(waiting)} to their end"
-                )
-            messages = consumer.consume(500, 0.2)
-            if messages:
-                deadline = time.monotonic() + timeout_s
-            for message in messages:
-                error = message.error()
-                if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                    waiting.discard(message.partition() or 0)
-                    continue
-                record = VocoderService._record(message)
-                if record is not None:
-                    result[record.position.partition].append(record)
-    finally:
-        consumer.close()
-    return result
-
-
-def _read_until(
-    consumer: Consumer, tp: TopicPartition, end: int | None, timeout_s: float
-) -> list[InputRecord]:
-    records: list[InputRecord] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for message in consumer.consume(500, 0.2):
-            error = message.error()
-            if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                if end is None:
-                    return records
-                continue
-            record = VocoderService._record(message)
-            if record is not None and (end is None or record.position.offset < end):
-                records.append(record)
-        if end is not None and consumer.position([tp])[0].offset >= end:
-            return records
-    raise ClusterUnavailableError(
-        f"timed out reading {tp.topic}[{tp.partition}] up to offset {end}"
-    )
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception as one line (librdkafka messages can span several); a KafkaError as its
-    name and message, not its repr."""
-    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    if isinstance(error, KafkaError):
-        text = f"{error.name()}: {error.str()}"
-    else:
-        text = str(exc) or type(exc).__name__
-    return " ".join(text.split())

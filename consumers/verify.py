@@ -21,13 +21,13 @@ from typing import Any, cast
 
 from confluent_kafka.admin import AdminClient
 
-from codeclog.config import TopicsConfig
-from consumers.audio_compare import Bound, Comparison, compare_bound, pcm_digest
-from consumers.fold.machine import FoldConfig, Policy
-from consumers.pipeline import AudioPipeline, PipelineConfig, VocoderEngine
-from consumers.service import read_partition
-from schemas import wire
-from schemas.records import AudioChunk, DeadLetter
+from codeclog.consumers.audio_compare import Bound, Comparison, compare_bound, pcm_digest
+from codeclog.consumers.fold.machine import FoldConfig, Policy
+from codeclog.consumers.log_reader import read_partition
+from codeclog.consumers.pipeline import AudioPipeline, PipelineConfig, VocoderEngine
+from codeclog.schemas import wire
+from codeclog.schemas.records import AudioChunk, DeadLetter
+from codeclog.topics_config import TopicsConfig
 
 WindowKey = tuple[str, int, int]  # request id, cache epoch, window index
 

@@ -13,19 +13,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lag.monitor import LagMonitor
-    from lag.report import GroupReport
+    from codeclog.lag.monitor import LagMonitor
+    from codeclog.lag.report import GroupReport
 
 __all__ = ["GroupReport", "LagMonitor"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "LagMonitor":
-        from lag.monitor import LagMonitor
+        from codeclog.lag.monitor import LagMonitor
 
         return LagMonitor
     if name == "GroupReport":
-        from lag.report import GroupReport
+        from codeclog.lag.report import GroupReport
 
         return GroupReport
     raise AttributeError(f"module 'lag' has no attribute {name!r}")

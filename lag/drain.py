@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from lag.monitor import LagMonitor
-from lag.report import GroupReport
+from codeclog.lag.monitor import LagMonitor
+from codeclog.lag.report import GroupReport
 
 
 def undrained(report: GroupReport) -> list[str]:

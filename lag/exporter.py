@@ -45,10 +45,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from codeclog.errors import CodeclogError, UsageError
-from lag.evaluator import GroupRule, GroupStatus, PartitionStatus
-from lag.measure import MeasureError
-from lag.monitor import LagMonitor
-from lag.report import GroupReport, PartitionReport, status_line
+from codeclog.lag.evaluator import GroupRule, GroupStatus, PartitionStatus
+from codeclog.lag.measure import MeasureError
+from codeclog.lag.monitor import LagMonitor
+from codeclog.lag.report import GroupReport, PartitionReport, status_line
 
 DEFAULT_PORT = 9310
 PER_PARTITION = ("cluster_name", "group", "topic", "partition")

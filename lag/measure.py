@@ -77,9 +77,9 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from codeclog.errors import CodeclogError, UsageError
-from lag.evaluator import offset_lag
-from schemas import wire
-from schemas.records import FRAME_SECONDS, CodecChunk
+from codeclog.lag.evaluator import offset_lag
+from codeclog.schemas import wire
+from codeclog.schemas.records import FRAME_SECONDS, CodecChunk
 
 DEFAULT_READ_RECORDS = 64  # K: records decoded per lagging partition for the audio estimate
 DEFAULT_TIMEOUT_S = 10.0  # admin requests

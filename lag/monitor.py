@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lag.evaluator import EvaluatorConfig, LagWindows, PartitionId
-from lag.measure import LagMeasurer
-from lag.report import GroupReport, build_report, measured_rules, to_sample
+from codeclog.lag.evaluator import EvaluatorConfig, LagWindows, PartitionId
+from codeclog.lag.measure import LagMeasurer
+from codeclog.lag.report import GroupReport, build_report, measured_rules, to_sample
 
 
 class LagMonitor:

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from lag.evaluator import (
+from codeclog.lag.evaluator import (
     EvaluatorConfig,
     GroupRule,
     GroupStatus,
@@ -21,7 +21,7 @@ from lag.evaluator import (
     group_rules,
     group_status,
 )
-from lag.measure import GroupMeasurement, PartitionMeasurement
+from codeclog.lag.measure import GroupMeasurement, PartitionMeasurement
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 It has the interface of vllm-omni's connector base (put, get, get_with_deadline, cleanup, health,
 close, `supports_raw_data`; see README "Use from vllm-omni") without importing vllm-omni; the
-plugin (`omni.plugin`) registers it with vllm-omni's connector factory.
+plugin (`codeclog.omni.plugin`) registers it with vllm-omni's connector factory.
 
 - put: one record keyed by the external request id of the put key, on an idempotent producer with
   acks=all (`producers.publisher.producer_settings`); returns (True, size, metadata) only after the
@@ -35,9 +35,15 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from omni.payload import Decoded, PayloadError, decode_payload, encode_payload, parse_put_key
-from producers.publisher import PublisherConfig, producer_settings
-from schemas import wire
+from codeclog.omni.payload import (
+    Decoded,
+    PayloadError,
+    decode_payload,
+    encode_payload,
+    parse_put_key,
+)
+from codeclog.producers.publisher import PublisherConfig, producer_settings
+from codeclog.schemas import wire
 
 LOGGER = logging.getLogger("codeclog.omni")
 NAME = "CodeclogKafkaConnector"

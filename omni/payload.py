@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from codeclog.errors import CodeclogError
-from schemas import wire
-from schemas.records import CodecChunk, PayloadEntry, PayloadEnvelope, PayloadKind
+from codeclog.schemas import wire
+from codeclog.schemas.records import CodecChunk, PayloadEntry, PayloadEnvelope, PayloadKind
 
 HEADER = "codeclog.payload"  # the PayloadEnvelope header of a CodecChunk value
 _LONG = (-(2**63), 2**63 - 1)

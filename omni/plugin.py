@@ -32,7 +32,7 @@ def register() -> bool:
         return False
     if id(factory) in _registered:
         return True
-    from omni.connector import NAME, CodeclogKafkaConnector
+    from codeclog.omni.connector import NAME, CodeclogKafkaConnector
 
     # ValueError: registered already (another load of this plugin in the same process)
     with contextlib.suppress(ValueError):

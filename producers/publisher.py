@@ -13,7 +13,7 @@ external request id, with the guarantees the consumer relies on:
 - a full local queue is back-pressure: poll and retry until a deadline, then
   `PublishBackpressureError`.
 
-`Talker` runs the pure windowing (`producers.windowing`) per request and publishes what it
+`Talker` runs the pure windowing (`codeclog.producers.windowing`) per request and publishes what it
 returns. It imports nothing from vllm, so a vllm-omni stage input processor can call it.
 """
 
@@ -30,7 +30,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from codeclog.errors import CodeclogError
-from producers.windowing import (
+from codeclog.producers.windowing import (
     ProducerState,
     StepInput,
     WindowingConfig,
@@ -38,8 +38,8 @@ from producers.windowing import (
     new_ids,
     step,
 )
-from schemas import wire
-from schemas.records import FRAME_SECONDS, CodecChunk, ControlEvent, ControlKind
+from codeclog.schemas import wire
+from codeclog.schemas.records import FRAME_SECONDS, CodecChunk, ControlEvent, ControlKind
 
 DEFAULT_TOPIC = "codec.chunks"
 LATENCY_SAMPLES_MAX = 100_000  # produce-to-ack samples kept (a ring: the newest win)

@@ -22,8 +22,8 @@ import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from codeclog.errors import CodeclogError
-from producers.windowing import StepInput
-from schemas.records import CODEC_VOCAB, FRAME_SECONDS
+from codeclog.producers.windowing import StepInput
+from codeclog.schemas.records import CODEC_VOCAB, FRAME_SECONDS
 
 FRAMES_PER_SECOND = 25
 

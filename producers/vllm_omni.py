@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from producers.publisher import ChunkPublisher, DeliveryFailure, PublisherConfig, Talker
+from codeclog.producers.publisher import ChunkPublisher, DeliveryFailure, PublisherConfig, Talker
 
 LOGGER = logging.getLogger("codeclog.talker")
 ABORT_MARKS = ("ABORT", "CANCEL", "IGNORED", "ERROR")

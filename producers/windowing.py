@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from codeclog.errors import CodeclogError
-from schemas.records import CODEC_VOCAB, SILENCE_CODE, CodecChunk
+from codeclog.schemas.records import CODEC_VOCAB, SILENCE_CODE, CodecChunk
 
 MIN_STREAM_BODY_FRAMES = 5  # upstream _MINICPMO45_MIN_STREAM_BODY_FRAMES
 PLACEHOLDER_CODES: tuple[int, ...] = (0,)  # a schedulable token; numel 0 says "discard me"

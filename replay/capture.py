@@ -26,8 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from codeclog import __version__
-from replay.capture_format import (
+from codeclog.replay.capture_format import (
     CapturedRecord,
     CaptureFile,
     CaptureMetadata,
@@ -37,7 +36,8 @@ from replay.capture_format import (
     TimestampType,
     fingerprint_of_value,
 )
-from replay.errors import BoundError, CaptureError
+from codeclog.replay.errors import BoundError, CaptureError
+from codeclog.version import __version__
 
 ISOLATION_LEVEL = "read_committed"
 DEFAULT_GROUP_ID = "codeclog-capture"
@@ -332,7 +332,7 @@ def client_versions() -> dict[str, str]:
 
 
 def schema_fingerprints() -> dict[str, str]:
-    from schemas.wire import known_fingerprints
+    from codeclog.schemas.wire import known_fingerprints
 
     return dict(known_fingerprints())
 

@@ -25,7 +25,7 @@ from typing import IO, Any
 import fastavro
 from fastavro.write import Writer
 
-from replay.errors import CaptureFormatError
+from codeclog.replay.errors import CaptureFormatError
 
 FORMAT_VERSION = "1"
 OCF_MAGIC = b"Obj\x01"

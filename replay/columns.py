@@ -8,7 +8,7 @@ record); a state-only replay needs only each record's partition, offset, key and
    rule of `CaptureReader` (a block that fails to read ends the capture, `truncated`);
 2. the records of a block follow each other, and each starts with its topic: every place the
    first record's topic (length + bytes) occurs is a candidate start. All candidates are
-   walked at once (`schemas.columnar.walk`, canonical encoding only), and from each block's
+   walked at once (`codeclog.schemas.columnar.walk`, canonical encoding only), and from each block's
    start the chain record end -> next record start is followed; it must take exactly the
    block's record count to reach exactly the block's end.
 
@@ -27,7 +27,7 @@ from typing import IO, Any, overload
 import fastavro
 import numpy as np
 
-from replay.capture_format import (
+from codeclog.replay.capture_format import (
     _TRUNCATION_ERRORS,
     CAPTURE_SCHEMA,
     SCHEMA_NAME,
@@ -35,8 +35,8 @@ from replay.capture_format import (
     CaptureMetadata,
     TimestampType,
 )
-from replay.errors import CaptureFormatError
-from schemas.columnar import (
+from codeclog.replay.errors import CaptureFormatError
+from codeclog.schemas.columnar import (
     Bools,
     Bytes,
     Column,

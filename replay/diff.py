@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from replay.capture_format import CapturedRecord, is_capture_file, read_capture
-from replay.errors import InputFormatError
-from replay.inputs import log_order
+from codeclog.replay.capture_format import CapturedRecord, is_capture_file, read_capture
+from codeclog.replay.errors import InputFormatError
+from codeclog.replay.inputs import log_order
 
 NO_KEY = "<no key>"
 
@@ -135,7 +135,7 @@ def _decoded_fields_differing(a: bytes | None, b: bytes | None) -> str:
 
 
 def _decoded(value: bytes | None) -> Any:
-    from schemas.wire import DecodeError, decode
+    from codeclog.schemas.wire import DecodeError, decode
 
     try:
         return decode(value)

@@ -25,15 +25,15 @@ from typing import Any
 
 import numpy as np
 
+from codeclog.consumers.fold.machine import FoldConfig, FoldState, Policy, fold, new_state
+from codeclog.consumers.fold.outcomes import Reject, RejectReason
+from codeclog.consumers.fold.report import ReportBuilder
+from codeclog.consumers.pipeline import KEY_MISMATCH, MISSING_KEY
 from codeclog.cores import one_per_core
-from consumers.fold.machine import FoldConfig, FoldState, Policy, fold, new_state
-from consumers.fold.outcomes import Reject, RejectReason
-from consumers.fold.report import ReportBuilder
-from consumers.pipeline import KEY_MISMATCH, MISSING_KEY
-from replay.columns import CaptureTable
-from replay.lanes import plain_lane
-from schemas.columnar import Bools, Int64s, decode_spans
-from schemas.records import CodecChunk, ControlEvent
+from codeclog.replay.columns import CaptureTable
+from codeclog.replay.lanes import plain_lane
+from codeclog.schemas.columnar import Bools, Int64s, decode_spans
+from codeclog.schemas.records import CodecChunk, ControlEvent
 
 UNDECODABLE = RejectReason.UNDECODABLE_RECORD.value
 MAX_WORKERS = 4  # processes a tolerant replay uses by default (capped by the cores)

@@ -7,10 +7,15 @@ import enum
 from collections.abc import Sequence
 from pathlib import Path
 
-from replay.capture_format import CapturedRecord, CaptureMetadata, is_capture_file, read_capture
-from replay.columns import CaptureTable, read_table
-from replay.errors import InputFormatError
-from schemas.records import CodecChunk, ControlEvent
+from codeclog.replay.capture_format import (
+    CapturedRecord,
+    CaptureMetadata,
+    is_capture_file,
+    read_capture,
+)
+from codeclog.replay.columns import CaptureTable, read_table
+from codeclog.replay.errors import InputFormatError
+from codeclog.schemas.records import CodecChunk, ControlEvent
 
 
 class InputKind(enum.Enum):
@@ -81,7 +86,7 @@ def _load_capture(path: Path) -> ReplayInput:
 
 
 def _read_scenario(path: Path) -> list[CodecChunk | ControlEvent]:
-    from consumers.fold.scenario import ScenarioError, read_scenario
+    from codeclog.replay.scenario import ScenarioError, read_scenario
 
     try:
         return list(read_scenario(path))

@@ -5,7 +5,7 @@ valid ids and a sane position, and each epoch runs 0, 1, 2, ... after the previo
 released. For such a request the tolerant fold can only take rules T5 (a fresh stream at seq 0),
 T8 and A1, A2, A4, whose outcomes follow from a few integers per chunk (window frames, left
 context, the two end flags). This module walks the chunk values once with numpy
-(`schemas.columnar.walk`, no records built) and reports plain requests from those integers.
+(`codeclog.schemas.columnar.walk`, no records built) and reports plain requests from those integers.
 
 Everything else is left to the fold: a request with any chunk the lane cannot prove (undecodable
 or non-canonical bytes, a key mismatch, invalid ids or frame counts, a negative position, a gap,
@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from consumers.fold.machine import MAX_CODEC_ID, FoldConfig
-from schemas import columnar, wire
-from schemas.columnar import Bools, Bytes, Column, Int64s
-from schemas.records import CodecChunk, ControlEvent
+from codeclog.consumers.fold.machine import FoldConfig
+from codeclog.schemas import columnar, wire
+from codeclog.schemas.columnar import Bools, Bytes, Column, Int64s
+from codeclog.schemas.records import MAX_CODEC_ID, CodecChunk, ControlEvent
 
 Entry = dict[str, Any]  # a request's report entry: {"status": ..., "outcomes": [...]}
 

@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from replay.capture_format import CapturedRecord, TimestampType
-from replay.errors import RepublishError
-from replay.inputs import ReplayInput, log_order
+from codeclog.replay.capture_format import CapturedRecord, TimestampType
+from codeclog.replay.errors import RepublishError
+from codeclog.replay.inputs import ReplayInput, log_order
 
 PARTITIONER = "murmur2_random"
 
@@ -142,7 +142,7 @@ def run_republish(
 
 def scenario_records(source: ReplayInput) -> tuple[CapturedRecord, ...]:
     """A scenario's events as records (wire-encoded, keyed by request id) for republishing."""
-    from schemas.wire import encode
+    from codeclog.schemas.wire import encode
 
     return tuple(
         CapturedRecord(

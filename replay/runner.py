@@ -13,14 +13,20 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
+from codeclog.consumers.fold.machine import FoldConfig, Policy
+from codeclog.consumers.pipeline import (
+    AudioPipeline,
+    InputRecord,
+    PipelineConfig,
+    Position,
+    StepOutput,
+)
 from codeclog.errors import CodeclogError
-from consumers.fold.machine import FoldConfig, Policy
-from consumers.pipeline import AudioPipeline, InputRecord, PipelineConfig, Position, StepOutput
-from replay.columns import CaptureTable
-from replay.errors import ReplayError
-from replay.fast import replay_table
-from replay.inputs import InputKind, ReplayInput
-from replay.jsontext import dumps_sorted_indent1
+from codeclog.replay.columns import CaptureTable
+from codeclog.replay.errors import ReplayError
+from codeclog.replay.fast import replay_table
+from codeclog.replay.inputs import InputKind, ReplayInput
+from codeclog.replay.jsontext import dumps_sorted_indent1
 
 STEP_RECORDS = 256  # records per pipeline step; fixed so batches are the same in every run
 VOCODER_NONE = "none"
@@ -150,7 +156,7 @@ def load_engine(spec: str, kernels: str = "portable") -> Any:
     if spec == VOCODER_NONE:
         return None
     try:
-        from vocoder.engine import Code2WavEngine
+        from codeclog.vocoder.engine import Code2WavEngine
     except ImportError as exc:
         raise ReplayError(
             f"--vocoder {spec} needs the vocoder extra (torch): pip install 'codeclog[vocoder]' "

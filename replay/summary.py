@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from schemas.records import SAMPLE_RATE_HZ
+from codeclog.schemas.records import SAMPLE_RATE_HZ
 
 UPSTREAM_ERROR = "MiniCPMO45Code2WavBatchError"
 COLUMNS = ("request", "status", "windows", "audio_s", "rejections", "notes")

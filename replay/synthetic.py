@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from replay.capture_format import (
+from codeclog.replay.capture_format import (
     CapturedRecord,
     CaptureFile,
     CaptureMetadata,
@@ -20,7 +20,7 @@ from replay.capture_format import (
     TimestampType,
     fingerprint_of_value,
 )
-from schemas.records import CodecChunk, ControlEvent
+from codeclog.schemas.records import CodecChunk, ControlEvent
 
 
 def partition_of(key: bytes, partitions: int) -> int:
@@ -35,7 +35,7 @@ def records_from_events(
     txn_records: int = 0,
 ) -> list[CapturedRecord]:
     """Wire-encode events into records in arrival order; 40 ms of record time per event."""
-    from schemas.wire import encode
+    from codeclog.schemas.wire import encode
 
     next_offset = [0] * partitions
     records = []

@@ -8,8 +8,8 @@ import wave
 from collections.abc import Mapping
 from pathlib import Path
 
-from replay.errors import ReplayError
-from schemas.records import SAMPLE_RATE_HZ
+from codeclog.replay.errors import ReplayError
+from codeclog.schemas.records import SAMPLE_RATE_HZ
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 

@@ -24,7 +24,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from schemas import wire
+from codeclog.schemas import wire
 
 Int64s: TypeAlias = npt.NDArray[np.int64]
 Bools: TypeAlias = npt.NDArray[np.bool_]

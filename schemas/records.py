@@ -18,9 +18,19 @@ from typing import Any
 
 SILENCE_CODE = 4218  # the talker's silence id; the first window of a stream opens with 3 of them
 CODEC_VOCAB = 6561  # valid codec ids are 0..6560 (6561 is the talker's EOS)
+MAX_CODEC_ID = CODEC_VOCAB - 1  # 6561 is the talker's EOS and never reaches the vocoder
 FRAME_SECONDS = 0.04  # one codec frame is 40 ms (25 Hz)
 SAMPLE_RATE_HZ = 24000
 SAMPLES_PER_FRAME = 960
+
+
+def first_invalid_code(ids: tuple[int, ...]) -> int | None:
+    """The index of the first id outside 0..MAX_CODEC_ID, None when all are codec ids: the
+    one range check of codeclog (the fold's T2a, the replay lanes use MAX_CODEC_ID likewise).
+    min/max first: C loops, so a valid window costs no Python-level iteration."""
+    if not ids or (min(ids) >= 0 and max(ids) <= MAX_CODEC_ID):
+        return None
+    return next(i for i, code in enumerate(ids) if not 0 <= code <= MAX_CODEC_ID)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

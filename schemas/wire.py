@@ -29,7 +29,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 from fastavro.validation import ValidationError, validate
 
 from codeclog.errors import CodeclogError
-from schemas.records import (
+from codeclog.schemas.records import (
     AudioChunk,
     CodecChunk,
     ControlEvent,

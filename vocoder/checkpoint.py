@@ -7,12 +7,12 @@ Checkpoint directory (MiniCPM-o 4.5 `assets/token2wav`):
   `config.yaml` next to it) `hift.pt` is the causal CosyVoice3 vocoder and the non-causal one is
   `hift_original.pt`; we then load `hift_original.pt`, since only scheme A is implemented;
 - optionally `speech_tokenizer_v2_25hz.onnx` and `campplus.onnx` (prompt extraction from a
-  reference recording; not implemented yet, see `vocoder.voice`).
+  reference recording; not implemented yet, see `codeclog.vocoder.voice`).
 
 Weights are read with `torch.load(weights_only=True)` (no pickled code runs) and loaded with
-`strict=True`. The tiny fixture (`vocoder/fixtures/tiny.safetensors` + `tiny.json`) holds seeded
-random weights for the tiny sizes, written by `python -m vocoder.fixture --write`, so golden
-outputs do not depend on torch's initialisation RNG.
+`strict=True`. The tiny fixture (`vocoder/fixtures/tiny.safetensors` + `tiny.json`) holds
+seeded random weights for the tiny sizes, written by `python -m codeclog.vocoder.fixture
+--write`, so golden outputs do not depend on torch's initialisation RNG.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vocoder.errors import CheckpointError
-from vocoder.flow import FlowConfig, Token2WavFlow
-from vocoder.hift import HiftConfig, HiFTGenerator, build_hift, strip_upstream_prefix
+from codeclog.vocoder.errors import CheckpointError
+from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
+from codeclog.vocoder.hift import HiftConfig, HiFTGenerator, build_hift, strip_upstream_prefix
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures"
 TINY_WEIGHTS = FIXTURE_DIR / "tiny.safetensors"
@@ -187,7 +187,7 @@ def load_fixture(
 
     if not weights_path.is_file() or not config_path.is_file():
         raise CheckpointError(
-            f"fixture {weights_path.name} missing; run `python -m vocoder.fixture --write`"
+            f"fixture {weights_path.name} missing; run `python -m codeclog.vocoder.fixture --write`"
         )
     manifest = FixtureManifest.from_json(config_path.read_text(), str(config_path))
     if file_sha256(weights_path) != manifest.weights_sha256:

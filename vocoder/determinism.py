@@ -21,8 +21,8 @@ import os
 import torch
 
 # Re-exported: the seeds live in the torch-free vocoder.shared (the consumer uses them too).
-from vocoder.shared import stream_seed as stream_seed
-from vocoder.shared import window_seed as window_seed
+from codeclog.vocoder.shared import stream_seed as stream_seed
+from codeclog.vocoder.shared import window_seed as window_seed
 
 # Fixed, not os.cpu_count(): results may depend on the thread count. One thread because on a
 # shared 2-core box two OpenMP threads spin against other work and run 5-20x slower (measured

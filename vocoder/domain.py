@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from vocoder.determinism import DeterminismSettings, planned_settings
-from vocoder.kernels import Kernels
+from codeclog.vocoder.determinism import DeterminismSettings, planned_settings
+from codeclog.vocoder.kernels import Kernels
 
 PORTABLE_VERSION = 1
 _KERNEL_ENV = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")

@@ -66,20 +66,20 @@ import torch
 from torch import Tensor
 
 from codeclog.cores import one_per_core
-from vocoder.checkpoint import inspect_checkpoint, load_checkpoint, load_fixture
-from vocoder.determinism import (
+from codeclog.vocoder.checkpoint import inspect_checkpoint, load_checkpoint, load_fixture
+from codeclog.vocoder.determinism import (
     DeterminismSettings,
     apply_determinism,
     stream_seed,
     window_seed,
 )
-from vocoder.domain import determinism_domain
-from vocoder.errors import StreamStateError, VocoderConfigError, VocoderInputError
-from vocoder.flow import FlowState, FlowStateError, Token2WavFlow
-from vocoder.hift import HiftCache, HiFTGenerator, fuse_weight_norm, stream_step
-from vocoder.kernels import Kernels, kernel_scope
-from vocoder.shared import pcm_s16le
-from vocoder.voice import Voice, default_voice
+from codeclog.vocoder.domain import determinism_domain
+from codeclog.vocoder.errors import StreamStateError, VocoderConfigError, VocoderInputError
+from codeclog.vocoder.flow import FlowState, FlowStateError, Token2WavFlow
+from codeclog.vocoder.hift import HiftCache, HiFTGenerator, fuse_weight_norm, stream_step
+from codeclog.vocoder.kernels import Kernels, kernel_scope
+from codeclog.vocoder.shared import pcm_s16le
+from codeclog.vocoder.voice import Voice, default_voice
 
 __all__ = [
     "Code2WavEngine",

@@ -1,7 +1,7 @@
 """Write (or check) the tiny vocoder fixture: seeded random weights for the tiny flow and HiFT.
 
-    python -m vocoder.fixture --write    # regenerate vocoder/fixtures/tiny.{safetensors,json}
-    python -m vocoder.fixture --check    # regenerate in memory and compare with the files
+    python -m codeclog.vocoder.fixture --write # regenerate vocoder/fixtures/tiny.{safetensors,json}
+    python -m codeclog.vocoder.fixture --check # regenerate in memory and compare with the files
 
 The weights are committed (about 1.6 MB) so that golden outputs depend on the stored numbers,
 not on how a torch release initialises modules. Regenerating them changes every golden hash in
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vocoder.checkpoint import (
+from codeclog.vocoder.checkpoint import (
     FLOW_PREFIX,
     HIFT_PREFIX,
     TINY_CONFIG,
@@ -27,8 +27,8 @@ from vocoder.checkpoint import (
     FixtureManifest,
     file_sha256,
 )
-from vocoder.flow import FlowConfig, Token2WavFlow
-from vocoder.hift import HiftConfig, build_hift, initialise_hift
+from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
+from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift
 
 FIXTURE_SEED = 7  # the HiFT init seed; the flow's comes from FlowConfig.init_seed
 MAX_FIXTURE_BYTES = 5 * 1024 * 1024
@@ -74,7 +74,7 @@ def check_fixture(weights_path: Path, config_path: Path) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m vocoder.fixture",
+        prog="python -m codeclog.vocoder.fixture",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

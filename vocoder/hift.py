@@ -32,8 +32,8 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
-from vocoder.errors import VocoderConfigError
-from vocoder.kernels import exactmath, portable_active
+from codeclog.vocoder.errors import VocoderConfigError
+from codeclog.vocoder.kernels import exactmath, portable_active
 
 UPSTREAM_PREFIX = "generator."  # hift.pt keys carry it when saved from the training wrapper
 

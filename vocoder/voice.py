@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from vocoder.errors import VocoderConfigError, VocoderInputError
+from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
 
 DEFAULT_VOICE_SEED = 20250101  # fixed forever: changing it changes every default-voice golden
 DEFAULT_PROMPT_TOKENS = 50  # 2 s of prompt (100 mel frames)

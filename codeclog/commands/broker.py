@@ -19,9 +19,9 @@ from codeclog.cluster import (
     NodeStatus,
     NodeStatusKind,
 )
-from codeclog.config import ENV_DATA_DIR, ConfigError, default_data_dir
-from codeclog.errors import CodeclogError, exit_code
+from codeclog.errors import CodeclogError, ConfigError, exit_code
 from codeclog.kafka_jars import ENV_KAFKA_LIBS, KAFKA_VERSION, JarFetcher
+from codeclog.paths import ENV_DATA_DIR, default_data_dir
 
 DESCRIPTION = f"""\
 Run a real single-node Apache Kafka {KAFKA_VERSION} broker (KRaft, broker and controller in one

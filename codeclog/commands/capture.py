@@ -79,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: `codeclog --help` should not pay for fastavro and the capture machinery.
-    from replay.capture import (
+    from codeclog.replay.capture import (
         DEFAULT_GROUP_ID,
         CaptureSpec,
         parse_bound,
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         spans_json,
         throwaway_group_id,
     )
-    from replay.progress import StderrProgress
+    from codeclog.replay.progress import StderrProgress
 
     try:
         topic = args.topic or topics_config(args).chunks

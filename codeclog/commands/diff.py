@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from replay.diff import diff_paths
+    from codeclog.replay.diff import diff_paths
 
     try:
         divergences = diff_paths(args.a, args.b)

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
 from codeclog.errors import CodeclogError, exit_code
-from lag.evaluator import EvaluatorConfig, GroupStatus, LagConfigError
+from codeclog.lag.evaluator import EvaluatorConfig, GroupStatus, LagConfigError
 
 if TYPE_CHECKING:  # the runtime imports are local: `codeclog --help` need not load librdkafka
-    from lag.monitor import LagMonitor
-    from lag.report import GroupReport
+    from codeclog.lag.monitor import LagMonitor
+    from codeclog.lag.report import GroupReport
 
 DEFAULT_GROUP = "codeclog-vocoder"  # the vocoder consumer's default group.id
 EXIT_OK = 0
@@ -253,8 +253,10 @@ def _guarded(
     configuration errors, 1 for the rest (the cluster, the topic, the port)."""
 
     def run(args: argparse.Namespace) -> int:
-        from lag.exporter import MetricsUnavailableError  # librdkafka: only when a command runs
-        from lag.measure import ClientConfigError
+        from codeclog.lag.exporter import (
+            MetricsUnavailableError,  # librdkafka: only when a command runs
+        )
+        from codeclog.lag.measure import ClientConfigError
 
         usage = (ConfigError, LagConfigError, ClientConfigError, MetricsUnavailableError)
         try:
@@ -289,8 +291,8 @@ def wall_clock_ms() -> int:
 
 
 def _run_lag(args: argparse.Namespace) -> int:
-    from lag.measure import LagMeasurer
-    from lag.monitor import LagMonitor
+    from codeclog.lag.measure import LagMeasurer
+    from codeclog.lag.monitor import LagMonitor
 
     config = evaluator_config(args)
     client = kafka_client_config(args)
@@ -330,7 +332,7 @@ def _sample_loop(args: argparse.Namespace, monitor: LagMonitor) -> int:
 
 
 def _print_report(args: argparse.Namespace, report: GroupReport) -> None:
-    from lag.report import format_table, to_dict
+    from codeclog.lag.report import format_table, to_dict
 
     if args.json:
         print(json.dumps(to_dict(report), sort_keys=True), flush=True)
@@ -342,9 +344,9 @@ def _print_report(args: argparse.Namespace, report: GroupReport) -> None:
 
 
 def _run_exporter(args: argparse.Namespace) -> int:
-    from lag.exporter import LagCollector, sample_all, serve
-    from lag.measure import LagMeasurer
-    from lag.monitor import LagMonitor
+    from codeclog.lag.exporter import LagCollector, sample_all, serve
+    from codeclog.lag.measure import LagMeasurer
+    from codeclog.lag.monitor import LagMonitor
 
     config = evaluator_config(args)
     client = kafka_client_config(args)

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as exc:
         print(f"codeclog listen: {exc}", file=sys.stderr)
         return 2
-    from consumers.listener import AudioListener, Isolation, ListenerError, StartMode
+    from codeclog.consumers.listener import AudioListener, Isolation, ListenerError, StartMode
 
     listener = AudioListener(
         client_config,

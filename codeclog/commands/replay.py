@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    from replay.errors import ReplayError
+    from codeclog.replay.errors import ReplayError
 
     if args.wav_dir is not None and args.vocoder == "none":
         raise ReplayError("--wav-dir needs audio: add --vocoder tiny or --vocoder DIR")
@@ -115,12 +115,12 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from consumers.fold.machine import Policy
-    from replay.inputs import load_input
-    from replay.progress import StderrProgress
-    from replay.runner import ReplayOptions, replay, report_json
-    from replay.summary import format_summary
-    from replay.wav import write_wavs
+    from codeclog.consumers.fold.machine import Policy
+    from codeclog.replay.inputs import load_input
+    from codeclog.replay.progress import StderrProgress
+    from codeclog.replay.runner import ReplayOptions, replay, report_json
+    from codeclog.replay.summary import format_summary
+    from codeclog.replay.wav import write_wavs
 
     source = load_input(args.input)
     if args.workers is not None and args.workers < 1:
@@ -143,8 +143,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _republish(args: argparse.Namespace) -> int:
-    from replay.inputs import load_input
-    from replay.republish import run_republish, scenario_records
+    from codeclog.replay.inputs import load_input
+    from codeclog.replay.republish import run_republish, scenario_records
 
     source = load_input(args.input)
     records: Any = source.records if source.metadata is not None else scenario_records(source)

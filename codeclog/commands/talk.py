@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
 from codeclog.errors import CodeclogError, exit_code
-from producers.publisher import (
+from codeclog.producers.publisher import (
     KAFKA_LOGGER,
     ChunkPublisher,
     PublisherConfig,
@@ -22,7 +22,7 @@ from producers.publisher import (
     topic_partition_count,
     wall_clock_ms,
 )
-from producers.synthetic import (
+from codeclog.producers.synthetic import (
     PlayResult,
     Progress,
     SessionScript,

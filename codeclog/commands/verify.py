@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
-from consumers.audio_compare import DEFAULT_MAX_ABS_LSB, DEFAULT_MIN_SNR_DB
-from consumers.fold.machine import Policy
+from codeclog.consumers.audio_compare import DEFAULT_MAX_ABS_LSB, DEFAULT_MIN_SNR_DB
+from codeclog.consumers.fold.machine import Policy
 
 EPILOG = """\
 Exit codes: 0 every window of the offline replay appears exactly once on the audio topic with
@@ -91,8 +91,8 @@ def _not_drained(
     client_config: dict[str, str], group: str, topic: str, timeout_s: float
 ) -> str | None:
     """None once `group` is drained on `topic`, else one sentence saying why not."""
-    from lag.drain import undrained, wait_drained
-    from lag.measure import MeasureError
+    from codeclog.lag.drain import undrained, wait_drained
+    from codeclog.lag.measure import MeasureError
 
     try:
         report = wait_drained(client_config, group, topic, max(0.0, timeout_s))
@@ -115,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"codeclog verify: {problem}", file=sys.stderr)
             return 1
-    from consumers.audio_compare import Bound
-    from consumers.verify import verify
+    from codeclog.consumers.audio_compare import Bound
+    from codeclog.consumers.verify import verify
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr)
@@ -149,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _engine_factory(spec: str, device: str, kernels: str) -> Callable[[frozenset[str]], Any]:
     def build(domains: frozenset[str]) -> Any:
-        from vocoder.domain import kernels_reproducing
-        from vocoder.engine import Code2WavEngine
+        from codeclog.vocoder.domain import kernels_reproducing
+        from codeclog.vocoder.engine import Code2WavEngine
 
         chosen = kernels_reproducing(domains, device) if kernels == "auto" else kernels
         return Code2WavEngine.from_spec(spec, device=device, kernels=chosen)

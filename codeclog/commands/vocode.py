@@ -9,8 +9,8 @@ import signal
 import sys
 
 from codeclog.config import add_kafka_args, kafka_client_config, topics_config
+from codeclog.consumers.fold.machine import Policy
 from codeclog.errors import EXIT_USAGE, CodeclogError, exit_code
-from consumers.fold.machine import Policy
 
 EPILOG = """\
 Exit codes (README, "Exit codes"): 0 stopped cleanly (SIGTERM/SIGINT finish the current step
@@ -130,7 +130,7 @@ def _refused(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     import threading
 
-    from consumers.service import install_stop_handlers
+    from codeclog.consumers.service import install_stop_handlers
 
     stop = threading.Event()
     install_stop_handlers(stop)  # before the (slow) model load: SIGTERM then exits cleanly
@@ -153,9 +153,9 @@ def run(args: argparse.Namespace) -> int:
     except CodeclogError as exc:
         print(f"codeclog vocode: {exc}", file=sys.stderr)
         return exit_code(exc)
-    from consumers.metrics import VocoderMetrics
-    from consumers.service import VocodeConfig, VocoderService
-    from vocoder.engine import Code2WavEngine
+    from codeclog.consumers.metrics import VocoderMetrics
+    from codeclog.consumers.service import VocodeConfig, VocoderService
+    from codeclog.vocoder.engine import Code2WavEngine
 
     try:  # before the (slow) model load: a port in use is reported at once
         metrics = VocoderMetrics.create(args.metrics_port)

@@ -31,8 +31,7 @@ import itertools
 from array import array
 from typing import Any
 
-from codeclog.errors import CodeclogError
-from consumers.fold.outcomes import (
+from codeclog.consumers.fold.outcomes import (
     Abandoned,
     Decode,
     Details,
@@ -48,9 +47,14 @@ from consumers.fold.outcomes import (
     details_of,
     new_decode,
 )
-from schemas.records import CODEC_VOCAB, CodecChunk, ControlEvent, ControlKind
+from codeclog.errors import CodeclogError
+from codeclog.schemas.records import (
+    CodecChunk,
+    ControlEvent,
+    ControlKind,
+    first_invalid_code,
+)
 
-MAX_CODEC_ID = CODEC_VOCAB - 1  # 6560; 6561 is the talker's EOS and never reaches the vocoder
 # The wire's Avro `int`: a larger cache_epoch / chunk_seq can only come from hand-written input.
 MAX_POSITION = 2**31 - 1
 NO_POSITION = -1  # cache_epoch / chunk_seq of a reject that has none (a control event)
@@ -232,9 +236,9 @@ def _content_problem(chunk: CodecChunk, window: tuple[int, ...] | None) -> Rejec
     if window is None:
         detail = details_of(code_flat_numel=chunk.code_flat_numel, codes=len(chunk.codes))
         return _reject(chunk, RejectReason.INVALID_FRAME_COUNT, detail)
-    if not window or (min(window) >= 0 and max(window) <= MAX_CODEC_ID):
+    index = first_invalid_code(window)
+    if index is None:
         return None
-    index = next(i for i, code in enumerate(window) if not 0 <= code <= MAX_CODEC_ID)
     return _reject(chunk, RejectReason.INVALID_CODES, details_of(index=index, code=window[index]))
 
 
@@ -351,8 +355,8 @@ def _tolerant_chunk(state: FoldState, chunk: CodecChunk) -> list[Outcome]:
         window: tuple[int, ...] | None = codes
     else:
         window = codes[:numel] if 0 <= numel < len(codes) else None
-    # T2a, inline: min/max are C loops that touch no memory beyond the window itself
-    if window is None or (window and (min(window) < 0 or max(window) > MAX_CODEC_ID)):
+    # T2a before any state is read
+    if window is None or first_invalid_code(window) is not None:
         return [_content_problem(chunk, window) or _reject(chunk, RejectReason.INVALID_CODES)]
     req = state.open.get(rid)
     if req is not None and epoch == req.epoch:

@@ -14,7 +14,7 @@ import dataclasses
 import enum
 from typing import Any, ClassVar
 
-from schemas.records import CodecChunk, slot_constructor
+from codeclog.schemas.records import CodecChunk, slot_constructor
 
 
 class OutcomeKind(enum.Enum):
@@ -53,6 +53,8 @@ class RejectReason(enum.Enum):
     INVALID_FRAME_COUNT = "invalid_frame_count"  # code_flat_numel < 0 or > len(codes)
     UNDECODABLE_RECORD = "undecodable_record"  # the wire bytes did not decode (consumer)
     VOCODER_FAILED = "vocoder_failed"  # the vocoder raised on this window (consumer)
+    KEY_MISMATCH = "key_mismatch"  # the record key is not the chunk's request id (consumer)
+    MISSING_KEY = "missing_key"  # a record without a key; its body names one (consumer)
 
 
 Details = tuple[tuple[str, Any], ...]

@@ -15,8 +15,8 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from consumers.fold.machine import Event, FoldConfig, Policy, fold, new_state
-from consumers.fold.outcomes import (
+from codeclog.consumers.fold.machine import Event, FoldConfig, Policy, fold, new_state
+from codeclog.consumers.fold.outcomes import (
     Abandoned,
     Decode,
     Gap,

@@ -26,11 +26,11 @@ from codeclog.broker import (
     JavaNotFoundError,
     JavaTooOldError,
     LocalBroker,
-    local_bootstrap,
     pick_free_port,
     port_is_free,
 )
 from codeclog.cli import main
+from codeclog.cluster import local_bootstrap
 from codeclog.kafka_jars import JarFetcher, JarFetchError, MavenNotFoundError
 
 READ_TIMEOUT_S = 30.0

@@ -22,7 +22,6 @@ from codeclog.broker import (
     BrokerStatusKind,
     LocalBroker,
     choose_ports,
-    local_bootstrap,
     new_cluster_id,
     parse_java_major,
     parse_listener_ports,
@@ -30,6 +29,7 @@ from codeclog.broker import (
     telling_line,
 )
 from codeclog.cli import main
+from codeclog.cluster import local_bootstrap
 from codeclog.commands.broker import format_status
 from codeclog.kafka_jars import (
     KAFKA_VERSION,

@@ -26,8 +26,8 @@ from confluent_kafka.admin import AdminClient
 
 from codeclog.broker import BrokerSettings
 from codeclog.cluster import LocalCluster, NodeStatusKind
-from codeclog.config import TopicsConfig
 from codeclog.topics import create_topics
+from codeclog.topics_config import TopicsConfig
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.vocoder]
 
@@ -91,7 +91,7 @@ class _Talker:
     """The codeclog talker over one ChunkPublisher that lives through the whole fault."""
 
     def __init__(self, client: dict[str, str], topic: str) -> None:
-        from producers.publisher import ChunkPublisher, PublisherConfig, Talker
+        from codeclog.producers.publisher import ChunkPublisher, PublisherConfig, Talker
 
         config = PublisherConfig(
             topic=topic, producer_id="fault-talker", delivery_timeout_ms=60_000
@@ -101,8 +101,8 @@ class _Talker:
         self.records = 0
 
     def speak(self, sessions: int, seconds: float, seed: int) -> None:
-        from producers.publisher import wall_clock_ms
-        from producers.synthetic import SyntheticConfig, merged, play, scripts
+        from codeclog.producers.publisher import wall_clock_ms
+        from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
 
         config = SyntheticConfig(sessions=sessions, seconds=seconds, seed=seed)
         result = play(
@@ -122,9 +122,9 @@ def test_leader_sigkill_and_restart_mid_run_lose_and_duplicate_nothing(
 ) -> None:
     caplog.set_level(logging.INFO, logger="codeclog.vocode")
     pytest.importorskip("torch")
-    from consumers.service import VocodeConfig, VocoderService
-    from consumers.verify import verify
-    from vocoder.engine import Code2WavEngine
+    from codeclog.consumers.service import VocodeConfig, VocoderService
+    from codeclog.consumers.verify import verify
+    from codeclog.vocoder.engine import Code2WavEngine
 
     engine: Any = Code2WavEngine.from_spec("tiny")
     client = {"bootstrap.servers": cluster.bootstrap}

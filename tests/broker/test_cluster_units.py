@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.broker import BrokerPorts, local_bootstrap
+from codeclog.broker import BrokerPorts
 from codeclog.cli import main
 from codeclog.cluster import (
     ClusterError,
     ClusterLayout,
     LocalCluster,
     NodeStatusKind,
+    local_bootstrap,
     process_is_stopped,
     render_cluster_properties,
 )

@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codeclog.cli import main
-from codeclog.config import ConfigError, TopicsConfig, read_properties
+from codeclog.config import read_properties
+from codeclog.errors import ConfigError
 from codeclog.topics import (
     CleanupPolicy,
     TopicAction,
@@ -27,6 +28,7 @@ from codeclog.topics import (
     replication_for,
     topic_specs,
 )
+from codeclog.topics_config import TopicsConfig
 
 
 def _unique_topics(unique_name: Callable[[str], str], **extra: Any) -> TopicsConfig:

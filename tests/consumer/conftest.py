@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from codeclog.config import TopicsConfig
 from codeclog.topics import ensure_topics
+from codeclog.topics_config import TopicsConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,8 +40,13 @@ class Stack:
 
     def publish_sessions(self, sessions: int, seconds: float, seed: int) -> int:
         """Synthetic duplex sessions, published as fast as possible; returns records sent."""
-        from producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
-        from producers.synthetic import SyntheticConfig, merged, play, scripts
+        from codeclog.producers.publisher import (
+            ChunkPublisher,
+            PublisherConfig,
+            Talker,
+            wall_clock_ms,
+        )
+        from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
 
         config = SyntheticConfig(sessions=sessions, seconds=seconds, seed=seed)
         publisher = ChunkPublisher(
@@ -137,6 +142,6 @@ def stack(
 @pytest.fixture(scope="session")
 def tiny_engine() -> Any:
     pytest.importorskip("torch")
-    from vocoder.engine import Code2WavEngine
+    from codeclog.vocoder.engine import Code2WavEngine
 
     return Code2WavEngine.from_spec("tiny")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from consumers.listener import (
+from codeclog.consumers.listener import (
     Assembler,
     AudioListener,
     Isolation,
@@ -18,8 +18,8 @@ from consumers.listener import (
     ListenerConfig,
     StartMode,
 )
-from schemas import wire
-from schemas.records import AudioChunk
+from codeclog.schemas import wire
+from codeclog.schemas.records import AudioChunk
 
 WINDOW = 960  # samples per test window
 

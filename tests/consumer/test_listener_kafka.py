@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from consumers.fold.machine import Policy
-from consumers.listener import AudioListener, Isolation, ListenerChunk
-from consumers.service import VocodeConfig, VocoderService
-from consumers.verify import actual_audio, expected_audio, verify
-from schemas import wire
-from schemas.records import AudioChunk
+from codeclog.consumers.fold.machine import Policy
+from codeclog.consumers.listener import AudioListener, Isolation, ListenerChunk
+from codeclog.consumers.service import VocodeConfig, VocoderService
+from codeclog.consumers.verify import actual_audio, expected_audio, verify
+from codeclog.schemas import wire
+from codeclog.schemas.records import AudioChunk
 
 pytestmark = [pytest.mark.kafka]
 
@@ -196,8 +196,8 @@ def test_an_aborted_transaction_plays_once_speculatively_and_never_committed(sta
 def test_a_listener_started_mid_stream_catches_up_from_the_current_epoch(
     stack: Any, tiny_engine: Any
 ) -> None:
-    from producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
-    from producers.synthetic import SyntheticConfig, merged, play, scripts
+    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
+    from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
 
     steps = list(merged(scripts(SyntheticConfig(sessions=6, seconds=8, seed=31))))
     publisher = ChunkPublisher(

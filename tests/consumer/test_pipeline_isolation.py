@@ -12,10 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from consumers.fold.machine import FoldConfig, Policy
-from consumers.pipeline import AudioPipeline, InputRecord, PipelineConfig, Position, pcm_s16le
-from schemas import wire
-from schemas.records import CodecChunk
+from codeclog.consumers.fold.machine import FoldConfig, Policy
+from codeclog.consumers.pipeline import (
+    AudioPipeline,
+    InputRecord,
+    PipelineConfig,
+    Position,
+    pcm_s16le,
+)
+from codeclog.schemas import wire
+from codeclog.schemas.records import CodecChunk
 
 SILENCE = (4218, 4218, 4218)
 
@@ -137,7 +143,7 @@ def test_a_dead_letter_keeps_a_bounded_prefix_of_a_huge_value() -> None:
     import hashlib
     import json
 
-    from consumers.pipeline import DEAD_LETTER_PREFIX_BYTES, DEAD_LETTER_RAW_LIMIT
+    from codeclog.consumers.pipeline import DEAD_LETTER_PREFIX_BYTES, DEAD_LETTER_RAW_LIMIT
 
     huge = wire.encode(_stream("a")[0]) + b"\x00" * DEAD_LETTER_RAW_LIMIT
     small = b"\x00garbage"
@@ -168,7 +174,7 @@ def test_rebuilt_streams_continue_byte_identically() -> None:
     scratch.step(records[:4], emit=False)
     resumed = _pipeline(ArithmeticEngine())
     for rid in ("a", "b"):
-        from consumers.fold.machine import export_request, import_request
+        from codeclog.consumers.fold.machine import export_request, import_request
 
         import_request(resumed.fold_state(0), rid, export_request(live.fold_state(0), rid) or {})
     resumed.adopt_streams(scratch, ["a", "b"], 0)

@@ -27,10 +27,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.fold.machine import FoldConfig, Policy, fold, new_state
-from consumers.fold.outcomes import Decode, Reject, RejectReason
-from consumers.fold.synth import realistic_events
-from consumers.pipeline import (
+from codeclog.consumers.fold.machine import FoldConfig, Policy, fold, new_state
+from codeclog.consumers.fold.outcomes import Decode, Reject, RejectReason
+from codeclog.consumers.pipeline import (
     KEY_MISMATCH,
     MISSING_KEY,
     AudioPipeline,
@@ -38,8 +37,9 @@ from consumers.pipeline import (
     PipelineConfig,
     Position,
 )
-from schemas import wire
-from schemas.records import AudioChunk, CodecChunk, ControlEvent, ControlKind, DeadLetter
+from codeclog.schemas import wire
+from codeclog.schemas.records import AudioChunk, CodecChunk, ControlEvent, ControlKind, DeadLetter
+from codeclog.testing.upstream_streams import realistic_events
 
 EXAMPLES = int(os.environ.get("CODECLOG_PROPERTY_EXAMPLES", "60"))
 PROPERTY_SETTINGS = settings(

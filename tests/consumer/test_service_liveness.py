@@ -11,10 +11,16 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from codeclog.config import TopicsConfig
-from consumers import service as service_module
-from consumers.pipeline import StepOutput
-from consumers.service import InfrastructureError, StuckCallError, VocodeConfig, VocoderService
+from codeclog.consumers import kafka_calls
+from codeclog.consumers import service as service_module
+from codeclog.consumers.pipeline import StepOutput
+from codeclog.consumers.service import (
+    InfrastructureError,
+    StuckCallError,
+    VocodeConfig,
+    VocoderService,
+)
+from codeclog.topics_config import TopicsConfig
 
 
 def _service(**config: Any) -> VocoderService:
@@ -23,7 +29,7 @@ def _service(**config: Any) -> VocoderService:
 
 @pytest.fixture(autouse=True)
 def _short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service_module, "CALL_GRACE_S", 0.1)
+    monkeypatch.setattr(kafka_calls, "CALL_GRACE_S", 0.1)
 
 
 def test_a_call_past_its_timeout_is_abandoned_as_stuck() -> None:
@@ -50,23 +56,23 @@ class StuckCommit:
 def test_a_stuck_commit_is_abandoned_and_reported_once() -> None:
     service = _service(kafka_timeout_s=0.1)
     producer = StuckCommit()
-    service._producer = producer  # type: ignore[assignment]
-    service._committing = threading.Thread(target=service._commit, args=(StepOutput(), 0.0))
-    service._committing.start()
-    service._join_commit()  # a rebalance callback: bounded, never raises
-    assert service._committing is None
+    transactions = service.transactions
+    transactions.producer = producer  # type: ignore[assignment]
+    transactions.commit_in_background(lambda: service._committed_step(StepOutput(), 0.0))
+    transactions.join()  # a rebalance callback: bounded, never raises
+    assert not transactions.committing
     with pytest.raises(StuckCallError, match="commit_transaction"):
-        service._await_commit()
+        transactions.await_commit()
     producer.release.set()  # it returns late: it no longer counts
     time.sleep(0.1)
     assert service.stats["steps"] == 0
-    service._await_commit()
+    transactions.await_commit()
 
 
 def test_a_stuck_call_marks_the_producer_for_replacement() -> None:
     service = _service()
-    service._handle_transaction_error(StuckCallError("send_offsets_to_transaction", 15))
-    assert service._producer_wedged
+    service.transactions.handle_error(StuckCallError("send_offsets_to_transaction", 15))
+    assert service.transactions.wedged
 
 
 def test_being_fenced_ends_the_member() -> None:
@@ -75,7 +81,7 @@ def test_being_fenced_ends_the_member() -> None:
         KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
     )
     with pytest.raises(InfrastructureError, match="fenced"):
-        service._handle_transaction_error(fenced)
+        service.transactions.handle_error(fenced)
 
 
 def test_failures_past_the_outage_timeout_end_the_member() -> None:
@@ -106,8 +112,9 @@ def test_a_commit_resets_the_outage_clock() -> None:
             return None
 
     service._note_failure(KafkaException(KafkaError(KafkaError._TRANSPORT, "down")))
-    service._producer = Commits()  # type: ignore[assignment]
-    service._commit(StepOutput(), 0.0)
+    service.transactions.producer = Commits()  # type: ignore[assignment]
+    service.transactions.commit_in_background(lambda: service._committed_step(StepOutput(), 0.0))
+    service.transactions.await_commit()
     assert service._failing_since is None
 
 
@@ -139,7 +146,7 @@ class _DomainEngine:
 def test_a_stream_rebuilt_in_another_domain_is_logged_and_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from schemas.records import StreamCheckpoint
+    from codeclog.schemas.records import StreamCheckpoint
 
     service = VocoderService({}, TopicsConfig(), VocodeConfig(), engine=_DomainEngine())  # type: ignore[arg-type]
     service.metrics.domain_changes = counter = _Counter()
@@ -150,7 +157,7 @@ def test_a_stream_rebuilt_in_another_domain_is_logged_and_counted(
     same, other, unknown = _DomainEngine.domain, "native:torch2.15:cpu:GenuineIntel:AVX2:t1", ""
     checkpoints = {"a": checkpoint(same), "b": checkpoint(other), "c": checkpoint(unknown)}
     with caplog.at_level("WARNING"):
-        service._check_domains(["a", "b", "c"], checkpoints)
+        service.recovery.check_domains(service.pipeline.domain, ["a", "b", "c"], checkpoints)
     assert counter.count == 1
     assert f"request b: checkpoint domain {other}, rebuilding in domain {same}" in caplog.text
     assert "request a" not in caplog.text and "request c" not in caplog.text

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from codeclog.config import TopicsConfig
-from consumers.pipeline import StepOutput
-from consumers.service import VocodeConfig, VocoderService
+from codeclog.consumers.pipeline import StepOutput
+from codeclog.consumers.service import VocodeConfig, VocoderService
+from codeclog.topics_config import TopicsConfig
 
 
 class FakeMessage:

@@ -11,15 +11,14 @@ tests (test_vocode_kafka.py) cover the commit on the real broker.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from codeclog.config import TopicsConfig
-from consumers.pipeline import StepOutput
-from consumers.service import VocodeConfig, VocoderService
+from codeclog.consumers.pipeline import StepOutput
+from codeclog.consumers.service import VocodeConfig, VocoderService
+from codeclog.topics_config import TopicsConfig
 
 
 class RecordingQueue:
@@ -82,9 +81,8 @@ class CommitOnce:
 
 
 def _committing(service: VocoderService, producer: CommitOnce) -> None:
-    service._producer = producer  # type: ignore[assignment]
-    service._committing = threading.Thread(target=service._commit, args=(StepOutput(), 0.0))
-    service._committing.start()
+    service.transactions.producer = producer  # type: ignore[assignment]
+    service.transactions.commit_in_background(lambda: service._committed_step(StepOutput(), 0.0))
 
 
 def test_a_failed_background_commit_is_raised_on_the_main_thread() -> None:
@@ -92,25 +90,25 @@ def test_a_failed_background_commit_is_raised_on_the_main_thread() -> None:
     failure = KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out"))
     _committing(service, CommitOnce(failure))
     with pytest.raises(KafkaException) as caught:
-        service._await_commit()
+        service.transactions.await_commit()
     assert caught.value is failure
-    service._await_commit()  # reported once: nothing is pending any more
+    service.transactions.await_commit()  # reported once: nothing is pending any more
 
 
 def test_a_rebalance_waits_for_the_commit_and_leaves_its_failure_to_the_loop() -> None:
     service = _service()
     failure = KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out"))
     _committing(service, CommitOnce(failure))
-    service._join_commit()  # inside a rebalance callback: never raises
-    assert service._committing is None
+    service.transactions.join()  # inside a rebalance callback: never raises
+    assert not service.transactions.committing
     with pytest.raises(KafkaException):
-        service._await_commit()  # the next step discards its results and rewinds
+        service.transactions.await_commit()  # the next step discards its results and rewinds
 
 
 def test_a_successful_commit_accounts_for_its_step() -> None:
     service = _service()
     producer = CommitOnce(None)
     _committing(service, producer)
-    service._await_commit()
+    service.transactions.await_commit()
     assert producer.commits == 1
     assert service.stats["steps"] == 1

@@ -17,11 +17,12 @@ import pytest
 from confluent_kafka import Producer
 
 from codeclog.cli import main
+from codeclog.consumers.log_reader import read_partition
+from codeclog.consumers.service import VocodeConfig, VocoderService
+from codeclog.consumers.verify import verify
+from codeclog.schemas import wire
+from codeclog.schemas.records import AudioChunk
 from codeclog.topics import ensure_topics
-from consumers.service import VocodeConfig, VocoderService, read_partition
-from consumers.verify import verify
-from schemas import wire
-from schemas.records import AudioChunk
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
 FOREIGN = "native:torch2.15:cpu:GenuineIntel:AVX512:t1"  # a CPU this test does not run on
@@ -45,7 +46,7 @@ class _Labelled:
 
 @pytest.fixture(scope="module")
 def portable_engine() -> Any:
-    from vocoder.engine import Code2WavEngine
+    from codeclog.vocoder.engine import Code2WavEngine
 
     return Code2WavEngine.from_spec("tiny", kernels="portable")
 

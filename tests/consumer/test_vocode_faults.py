@@ -19,9 +19,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from codeclog.broker import BrokerSettings, LocalBroker
-from codeclog.config import TopicsConfig
+from codeclog.consumers.verify import verify
 from codeclog.topics import ensure_topics
-from consumers.verify import verify
+from codeclog.topics_config import TopicsConfig
 from tests.consumer.conftest import Stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
@@ -83,8 +83,8 @@ def _kill_broker(broker: LocalBroker) -> None:
 
 def _talk_realtime(stack: Stack, sessions: int, seconds: float, seed: int) -> threading.Thread:
     """A live talker in the background; its deliveries outlast a broker restart."""
-    from producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
-    from producers.synthetic import SyntheticConfig, merged, play, scripts
+    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
+    from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
 
     failures: list[int] = []
 

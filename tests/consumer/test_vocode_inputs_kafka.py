@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from consumers.pipeline import DEAD_LETTER_PREFIX_BYTES, MISSING_KEY
-from consumers.service import VocodeConfig, VocoderService, read_partition
-from consumers.verify import actual_audio, verify
-from schemas import wire
-from schemas.records import CodecChunk, DeadLetter, StreamCheckpoint
+from codeclog.consumers.log_reader import read_partition
+from codeclog.consumers.pipeline import DEAD_LETTER_PREFIX_BYTES, MISSING_KEY
+from codeclog.consumers.service import VocodeConfig, VocoderService
+from codeclog.consumers.verify import actual_audio, verify
+from codeclog.schemas import wire
+from codeclog.schemas.records import CodecChunk, DeadLetter, StreamCheckpoint
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
 

@@ -15,12 +15,13 @@ from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from codeclog.cli import main
-from consumers.fold.machine import Policy
-from consumers.pipeline import AudioPipeline, InputRecord, PipelineConfig, Position
-from consumers.service import VocodeConfig, VocoderService, read_partition
-from consumers.verify import actual_audio, verify
-from schemas import wire
-from schemas.records import AudioChunk, CodecChunk, DeadLetter
+from codeclog.consumers.fold.machine import Policy
+from codeclog.consumers.log_reader import read_partition
+from codeclog.consumers.pipeline import AudioPipeline, InputRecord, PipelineConfig, Position
+from codeclog.consumers.service import VocodeConfig, VocoderService
+from codeclog.consumers.verify import actual_audio, verify
+from codeclog.schemas import wire
+from codeclog.schemas.records import AudioChunk, CodecChunk, DeadLetter
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
 

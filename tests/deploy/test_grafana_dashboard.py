@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from consumers.metrics import VocoderMetrics
-from lag.exporter import HELP
+from codeclog.consumers.metrics import VocoderMetrics
+from codeclog.lag.exporter import HELP
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"

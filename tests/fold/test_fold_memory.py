@@ -10,8 +10,8 @@ import tracemalloc
 
 import pytest
 
-from consumers.fold.machine import FoldConfig, Policy, fold, new_state
-from schemas.records import CodecChunk
+from codeclog.consumers.fold.machine import FoldConfig, Policy, fold, new_state
+from codeclog.schemas.records import CodecChunk
 
 REQUESTS = 300
 CODES = tuple(range(100, 128))

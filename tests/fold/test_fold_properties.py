@@ -1,8 +1,8 @@
 """Property tests for the invariants of docs/fold-contract.md.
 
-Valid streams come from consumers.fold.synth, an independent model of the upstream producer's
-windowing (25 new + 3 context ids, a 3x4218 pre-roll, exact-boundary and short finals, `[0]`
-placeholders), with the shape itself drawn so that short first windows (holds) happen too.
+Valid streams come from codeclog.testing.upstream_streams, an independent model of the upstream
+producer's windowing (25 new + 3 context ids, a 3x4218 pre-roll, exact-boundary and short finals,
+`[0]` placeholders), with the shape itself drawn so that short first windows (holds) happen too.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.fold.machine import (
+from codeclog.consumers.fold.machine import (
     FoldConfig,
     Policy,
     export_request,
@@ -24,10 +24,10 @@ from consumers.fold.machine import (
     new_state,
     open_requests,
 )
-from consumers.fold.outcomes import Decode, Outcome
-from consumers.fold.report import ReportBuilder
-from consumers.fold.synth import StreamShape, encode_stream, interleave
-from schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.consumers.fold.outcomes import Decode, Outcome
+from codeclog.consumers.fold.report import ReportBuilder
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.testing.upstream_streams import StreamShape, encode_stream, interleave
 
 Event = CodecChunk | ControlEvent
 PROPERTY_SETTINGS = settings(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from consumers.fold.machine import (
+from codeclog.consumers.fold.machine import (
     FoldConfig,
     Policy,
     evict,
@@ -19,8 +19,8 @@ from consumers.fold.machine import (
     new_state,
     open_requests,
 )
-from consumers.fold.outcomes import Outcome
-from schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.consumers.fold.outcomes import Outcome
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 S, T = Policy.STRICT, Policy.TOLERANT
 Event = CodecChunk | ControlEvent

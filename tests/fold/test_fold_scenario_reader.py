@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from codeclog.errors import CodeclogError
-from consumers.fold.scenario import (
+from codeclog.replay.scenario import (
     ScenarioError,
     event_to_json,
     parse_scenario,
     read_scenario,
     write_scenario,
 )
-from schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 
 def test_missing_fields_take_the_upstream_defaults() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from consumers.fold.machine import FoldConfig, Policy
-from consumers.fold.report import build_report
-from consumers.fold.scenario import read_scenario
+from codeclog.consumers.fold.machine import FoldConfig, Policy
+from codeclog.consumers.fold.report import build_report
+from codeclog.replay.scenario import read_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "data" / "scenarios"
 REPORT_KEYS = {"policy", "events", "unprocessed", "stage", "requests"}

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from codeclog.errors import CodeclogError
-from consumers.fold.machine import (
+from codeclog.consumers.fold.machine import (
     FoldConfig,
     FoldConfigError,
     FoldStateError,
@@ -20,8 +19,9 @@ from consumers.fold.machine import (
     new_state,
     open_requests,
 )
-from consumers.fold.outcomes import Decode, Echo, OutcomeKind, RejectReason, new_decode
-from schemas.records import CodecChunk
+from codeclog.consumers.fold.outcomes import Decode, Echo, OutcomeKind, RejectReason, new_decode
+from codeclog.errors import CodeclogError
+from codeclog.schemas.records import CodecChunk
 
 
 @pytest.mark.parametrize(
@@ -67,8 +67,10 @@ def test_stable_enum_values() -> None:
         "backend_unsupported_or_failed",
     }
     consumer = {"invalid_codes", "invalid_frame_count", "undecodable_record", "vocoder_failed"}
+    consumer |= {"key_mismatch", "missing_key"}  # the dead-letter reasons of the pipeline
     tolerant = {"chunk_after_final", "conflicting_duplicate", "late_chunk", "aborted", "evicted"}
-    assert upstream | consumer | tolerant <= values
+    tolerant |= {"stream_position_out_of_range"}
+    assert upstream | consumer | tolerant == values
 
 
 def test_new_decode_equals_the_dataclass_constructor() -> None:

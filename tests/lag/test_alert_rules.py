@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lag.exporter import HELP
+from codeclog.lag.exporter import HELP
 
 PROM_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 PROMTOOL = shutil.which("promtool")

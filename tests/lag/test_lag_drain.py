@@ -11,9 +11,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog import cli
-from lag.drain import undrained, wait_drained
-from lag.evaluator import GroupStatus, PartitionStatus, Rule
-from lag.report import GroupReport, PartitionReport
+from codeclog.lag.drain import undrained, wait_drained
+from codeclog.lag.evaluator import GroupStatus, PartitionStatus, Rule
+from codeclog.lag.report import GroupReport, PartitionReport
 
 
 def row(number: int, committed: int | None, lag: int | None) -> PartitionReport:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lag.evaluator import (
+from codeclog.lag.evaluator import (
     RULE_STATUS,
     EvaluatorConfig,
     GroupRule,

@@ -8,9 +8,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lag.evaluator import GroupRule, GroupStatus, PartitionStatus, Rule
-from lag.exporter import HELP, LagCollector, report_series
-from lag.report import GroupReport, PartitionReport
+from codeclog.lag.evaluator import GroupRule, GroupStatus, PartitionStatus, Rule
+from codeclog.lag.exporter import HELP, LagCollector, report_series
+from codeclog.lag.report import GroupReport, PartitionReport
 
 
 def partition(number: int, **changes: object) -> PartitionReport:

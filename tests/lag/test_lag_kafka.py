@@ -20,11 +20,11 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog import cli
-from lag.evaluator import EvaluatorConfig, GroupRule, GroupStatus, PartitionStatus, Rule
-from lag.exporter import LagCollector, sample_all, serve
-from lag.monitor import LagMonitor
-from schemas import wire
-from schemas.records import CodecChunk
+from codeclog.lag.evaluator import EvaluatorConfig, GroupRule, GroupStatus, PartitionStatus, Rule
+from codeclog.lag.exporter import LagCollector, sample_all, serve
+from codeclog.lag.monitor import LagMonitor
+from codeclog.schemas import wire
+from codeclog.schemas.records import CodecChunk
 
 pytestmark = pytest.mark.kafka
 

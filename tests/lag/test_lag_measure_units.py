@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lag.measure import (
+from codeclog.lag.measure import (
     HeadRead,
     audio_lag_s,
     new_frames,
@@ -13,8 +13,8 @@ from lag.measure import (
     visible_lag,
     wire_frames_of,
 )
-from schemas import wire
-from schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.schemas import wire
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 NEW_FRAMES = [
     ("declared_chunk_frames", CodecChunk("r", tuple(range(28)), codec_chunk_frames=25), 25),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from lag.evaluator import (
+from codeclog.lag.evaluator import (
     EvaluatorConfig,
     GroupRule,
     GroupStatus,
@@ -14,8 +14,15 @@ from lag.evaluator import (
     PartitionStatus,
     offset_lag,
 )
-from lag.measure import GroupMeasurement, PartitionMeasurement
-from lag.report import GroupReport, build_report, format_table, measured_rules, to_dict, to_sample
+from codeclog.lag.measure import GroupMeasurement, PartitionMeasurement
+from codeclog.lag.report import (
+    GroupReport,
+    build_report,
+    format_table,
+    measured_rules,
+    to_dict,
+    to_sample,
+)
 
 T0_MS = 1_700_000_000_000
 

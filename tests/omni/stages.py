@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from omni.connector import CodeclogKafkaConnector
-from omni.payload import minicpmo_payload
-from producers.publisher import Talker
-from schemas.records import CodecChunk
+from codeclog.omni.connector import CodeclogKafkaConnector
+from codeclog.omni.payload import minicpmo_payload
+from codeclog.producers.publisher import Talker
+from codeclog.schemas.records import CodecChunk
 
 REQUESTS = 50
 CHUNKS_PER_REQUEST = 20  # 19 windows of 25 new ids + the exact-boundary final

@@ -10,9 +10,9 @@ import torch
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.broker import pick_free_port
-from omni.connector import CodeclogKafkaConnector
-from omni.payload import minicpmo_payload
-from schemas.records import CodecChunk
+from codeclog.omni.connector import CodeclogKafkaConnector
+from codeclog.omni.payload import minicpmo_payload
+from codeclog.schemas.records import CodecChunk
 
 pytestmark = pytest.mark.kafka
 WAIT_S = 60.0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from omni.payload import (
+from codeclog.omni.payload import (
     HEADER,
     PayloadError,
     decode_payload,
@@ -17,8 +17,8 @@ from omni.payload import (
     minicpmo_payload,
     parse_put_key,
 )
-from schemas import wire
-from schemas.records import CodecChunk, PayloadEnvelope
+from codeclog.schemas import wire
+from codeclog.schemas.records import CodecChunk, PayloadEnvelope
 
 
 def _equal(a: object, b: object) -> bool:

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from omni import plugin
-from omni.connector import NAME, CodeclogKafkaConnector
+from codeclog.omni import plugin
+from codeclog.omni.connector import NAME, CodeclogKafkaConnector
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "vllm.general_plugins"
@@ -69,7 +69,7 @@ def test_register_is_idempotent_and_the_factory_builds_the_connector(
 def test_pyproject_declares_the_entry_point() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     target = project["entry-points"][GROUP]["codeclog_kafka_connector"]
-    assert target == "omni.plugin:register"
+    assert target == "codeclog.omni.plugin:register"
     module, function = target.split(":")
     assert getattr(importlib.import_module(module), function) is plugin.register
 
@@ -101,16 +101,23 @@ def test_entry_point_is_found_by_importlib_metadata_after_install(tmp_path: Path
         if ep.group == GROUP
     ]
     assert [(ep.name, ep.value) for ep in found] == [
-        ("codeclog_kafka_connector", "omni.plugin:register")
+        ("codeclog_kafka_connector", "codeclog.omni.plugin:register")
     ]
-    assert (tmp_path / "site" / "omni" / "plugin.py").is_file()
-    assert (tmp_path / "site" / "schemas" / "avro" / "payload_envelope.v1.avsc").is_file()
+    # One top-level package: the root folders are installed under codeclog/ (issue 18)
+    site = tmp_path / "site"
+    installed = {p.name for p in site.iterdir() if not p.name.endswith(".dist-info")}
+    assert installed - {"bin", "__pycache__"} == {"codeclog"}
+    assert (site / "codeclog" / "omni" / "plugin.py").is_file()
+    assert (site / "codeclog" / "schemas" / "avro" / "payload_envelope.v1.avsc").is_file()
+    assert (site / "codeclog" / "vocoder" / "fixtures" / "tiny.safetensors").is_file()
+    assert not (site / "codeclog" / "consumers").is_symlink()
 
 
 def test_the_plugin_connector_and_hook_import_without_torch_or_vllm() -> None:
     code = (
-        "import sys, omni.plugin, omni.connector, omni.payload, producers.vllm_omni\n"
-        "omni.plugin.register()\n"
+        "import sys, codeclog.omni.plugin, codeclog.omni.connector, codeclog.omni.payload\n"
+        "import codeclog.producers.vllm_omni\n"
+        "codeclog.omni.plugin.register()\n"
         "assert not {'torch', 'vllm', 'vllm_omni'} & set(sys.modules), sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)

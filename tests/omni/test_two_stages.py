@@ -17,11 +17,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.broker import BrokerSettings, LocalBroker
 from codeclog.cli import main
-from consumers.fold.machine import FoldConfig, Policy
-from consumers.fold.report import build_report
-from replay.capture_format import read_capture
-from schemas import wire
-from schemas.records import CodecChunk
+from codeclog.consumers.fold.machine import FoldConfig, Policy
+from codeclog.consumers.fold.report import build_report
+from codeclog.replay.capture_format import read_capture
+from codeclog.schemas import wire
+from codeclog.schemas.records import CodecChunk
 from tests.omni.stages import CHUNKS_PER_REQUEST, REQUESTS, chunks
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

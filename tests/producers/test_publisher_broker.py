@@ -12,7 +12,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.broker import BrokerSettings, LocalBroker
-from producers.publisher import (
+from codeclog.producers.publisher import (
     ChunkPublisher,
     DeliveryFailure,
     PublisherConfig,
@@ -21,9 +21,9 @@ from producers.publisher import (
     TopicNotReadyError,
     topic_partition_count,
 )
-from producers.synthetic import SyntheticConfig, merged, scripts
-from schemas import wire
-from schemas.records import CodecChunk
+from codeclog.producers.synthetic import SyntheticConfig, merged, scripts
+from codeclog.schemas import wire
+from codeclog.schemas.records import CodecChunk
 
 pytestmark = pytest.mark.kafka
 

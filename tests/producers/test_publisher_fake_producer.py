@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from producers.publisher import (
+from codeclog.producers.publisher import (
     ChunkPublisher,
     DeliveryFailure,
     PublishBackpressureError,
@@ -17,8 +17,8 @@ from producers.publisher import (
     PublisherConfigError,
     producer_settings,
 )
-from schemas import wire
-from schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.schemas import wire
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 Callback = Callable[[KafkaError | None, Any], None]
 

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from producers.publisher import Record, Talker
-from producers.synthetic import (
+from codeclog.producers.publisher import Record, Talker
+from codeclog.producers.synthetic import (
     FRAMES_PER_SECOND,
     SyntheticConfig,
     SyntheticConfigError,
@@ -17,8 +17,8 @@ from producers.synthetic import (
     scripts,
     session_script,
 )
-from producers.windowing import new_ids
-from schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.producers.windowing import new_ids
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 
 class ListSink:

@@ -48,7 +48,7 @@ def test_undelivered_counts_every_record_that_failed(
     from confluent_kafka import KafkaError
 
     from codeclog.commands import talk
-    from producers.publisher import ChunkPublisher
+    from codeclog.producers.publisher import ChunkPublisher
     from tests.producers.test_publisher_fake_producer import FakeProducer
 
     def failing(settings: dict[str, object]) -> FakeProducer:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from producers.publisher import Record, Talker
-from producers.windowing import InvalidStepError
-from schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.producers.publisher import Record, Talker
+from codeclog.producers.windowing import InvalidStepError
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 
 class ListSink:

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from confluent_kafka import KafkaError
 
-from producers.publisher import DeliveryFailure, PublisherConfig, _failure
-from producers.vllm_omni import TalkerHook, from_environment
-from schemas.records import CodecChunk
+from codeclog.producers.publisher import DeliveryFailure, PublisherConfig, _failure
+from codeclog.producers.vllm_omni import TalkerHook, from_environment
+from codeclog.schemas.records import CodecChunk
 
 
 class _Publisher:

@@ -8,8 +8,8 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.windowing import StepInput, WindowingConfig, initial_state, new_ids, step
-from schemas.records import CodecChunk
+from codeclog.producers.windowing import StepInput, WindowingConfig, initial_state, new_ids, step
+from codeclog.schemas.records import CodecChunk
 
 # A turn is a list of units; a unit is a list of per-step id counts (mostly one id per step).
 unit_strategy = st.lists(st.integers(min_value=0, max_value=3), min_size=0, max_size=45)

@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 
-from producers.windowing import (
+from codeclog.producers.windowing import (
     InvalidStepError,
     ProducerState,
     StepInput,
@@ -22,7 +22,7 @@ from producers.windowing import (
     new_ids,
     step,
 )
-from schemas.records import CodecChunk
+from codeclog.schemas.records import CodecChunk
 
 S = 4218  # silence id
 

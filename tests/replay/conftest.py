@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from codeclog.cli import main
-from consumers.fold.synth import realistic_events
-from replay.synthetic import metadata_for, records_from_events, write_capture
+from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
+from codeclog.testing.upstream_streams import realistic_events
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.jsontext import dumps_sorted_indent1
+from codeclog.replay.jsontext import dumps_sorted_indent1
 
 SCALARS = (
     st.none()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.capture_format import (
+from codeclog.replay.capture_format import (
     CapturedRecord,
     CaptureFormatError,
     CaptureMetadata,
@@ -24,9 +24,9 @@ from replay.capture_format import (
     is_capture_file,
     read_capture,
 )
-from replay.synthetic import metadata_for, records_from_events, write_capture
-from schemas.records import CodecChunk, ControlEvent, ControlKind
-from schemas.wire import encode, known_fingerprints
+from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.schemas.wire import encode, known_fingerprints
 
 METADATA = CaptureMetadata(
     topic="codec.chunks",

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from replay.capture import (
+from codeclog.replay.capture import (
     Bound,
     BoundKind,
     Drainer,
@@ -23,7 +23,7 @@ from replay.capture import (
     plan_spans,
     record_from_message,
 )
-from replay.capture_format import (
+from codeclog.replay.capture_format import (
     CapturedRecord,
     CaptureMetadata,
     CaptureReader,
@@ -31,7 +31,7 @@ from replay.capture_format import (
     PartitionSpan,
     TimestampType,
 )
-from replay.errors import BoundError, CaptureError
+from codeclog.replay.errors import BoundError, CaptureError
 
 # --- bounds ----------------------------------------------------------------------------------
 
@@ -252,7 +252,7 @@ def test_record_from_message_keeps_everything() -> None:
 def test_progress_line_is_quiet_at_first_then_shows_the_share(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from replay.progress import StderrProgress
+    from codeclog.replay.progress import StderrProgress
 
     clock = iter([0.0, 0.5, 10.0, 10.1])
     progress = StderrProgress(lambda: next(clock), "capture", "offsets", "records written")

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from replay.capture_format import read_capture
-from replay.diff import diff_captures, diff_reports
-from replay.synthetic import metadata_for, write_capture
-from schemas.wire import decode, encode
+from codeclog.replay.capture_format import read_capture
+from codeclog.replay.diff import diff_captures, diff_reports
+from codeclog.replay.synthetic import metadata_for, write_capture
+from codeclog.schemas.wire import decode, encode
 
 RunCli = Callable[[Sequence[str]], tuple[int, str, str]]  # the run_cli fixture
 

@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from consumers.fold.machine import Policy
-from consumers.fold.scenario import read_scenario
-from consumers.fold.synth import realistic_events
-from replay import fast
-from replay.capture_format import CapturedRecord, RecordHeader, read_capture
-from replay.columns import read_table
-from replay.errors import CaptureFormatError
-from replay.inputs import InputKind, ReplayInput, load_input, log_order
-from replay.runner import ReplayOptions, replay, report_json
-from replay.synthetic import metadata_for, records_from_events, write_capture
-from schemas import wire
-from schemas.records import AudioChunk, CodecChunk, ControlEvent
+from codeclog.consumers.fold.machine import Policy
+from codeclog.replay import fast
+from codeclog.replay.capture_format import CapturedRecord, RecordHeader, read_capture
+from codeclog.replay.columns import read_table
+from codeclog.replay.errors import CaptureFormatError
+from codeclog.replay.inputs import InputKind, ReplayInput, load_input, log_order
+from codeclog.replay.runner import ReplayOptions, replay, report_json
+from codeclog.replay.scenario import read_scenario
+from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
+from codeclog.schemas import wire
+from codeclog.schemas.records import AudioChunk, CodecChunk, ControlEvent
+from codeclog.testing.upstream_streams import realistic_events
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "data" / "scenarios").glob("*.jsonl"))
 

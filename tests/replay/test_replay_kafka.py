@@ -13,12 +13,12 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from consumers.fold.machine import FoldConfig
-from consumers.fold.report import build_report
-from consumers.fold.synth import realistic_events
-from replay.capture_format import CapturedRecord, read_capture
-from replay.diff import diff_captures
-from schemas.wire import encode
+from codeclog.consumers.fold.machine import FoldConfig
+from codeclog.consumers.fold.report import build_report
+from codeclog.replay.capture_format import CapturedRecord, read_capture
+from codeclog.replay.diff import diff_captures
+from codeclog.schemas.wire import encode
+from codeclog.testing.upstream_streams import realistic_events
 
 RunCli = Callable[[Sequence[str]], tuple[int, str, str]]  # the run_cli fixture
 

@@ -17,17 +17,22 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.fold.machine import FoldConfig
-from consumers.fold.report import build_report
-from consumers.fold.synth import StreamShape, interleave, realistic_events, session_stream
-from replay import fast
-from replay.capture_format import CapturedRecord, read_capture
-from replay.columns import read_table
-from replay.inputs import InputKind, ReplayInput, load_input, log_order
-from replay.lanes import plain_lane
-from replay.runner import STEP_RECORDS, ReplayOptions, replay, report_json
-from replay.synthetic import metadata_for, records_from_events, write_capture
-from schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.consumers.fold.machine import FoldConfig
+from codeclog.consumers.fold.report import build_report
+from codeclog.replay import fast
+from codeclog.replay.capture_format import CapturedRecord, read_capture
+from codeclog.replay.columns import read_table
+from codeclog.replay.inputs import InputKind, ReplayInput, load_input, log_order
+from codeclog.replay.lanes import plain_lane
+from codeclog.replay.runner import STEP_RECORDS, ReplayOptions, replay, report_json
+from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.testing.upstream_streams import (
+    StreamShape,
+    interleave,
+    realistic_events,
+    session_stream,
+)
 
 Event = CodecChunk | ControlEvent
 

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from consumers.fold.machine import FoldConfig, Policy
-from consumers.fold.report import build_report
-from consumers.fold.synth import realistic_events
-from replay.capture_format import read_capture
-from replay.inputs import InputKind, load_input, log_order
-from replay.runner import ReplayOptions, replay, report_json
-from replay.synthetic import metadata_for, records_from_events, write_capture
-from replay.wav import wav_name, write_wavs
-from schemas.wire import decode
+from codeclog.consumers.fold.machine import FoldConfig, Policy
+from codeclog.consumers.fold.report import build_report
+from codeclog.replay.capture_format import read_capture
+from codeclog.replay.inputs import InputKind, load_input, log_order
+from codeclog.replay.runner import ReplayOptions, replay, report_json
+from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
+from codeclog.replay.wav import wav_name, write_wavs
+from codeclog.schemas.wire import decode
+from codeclog.testing.upstream_streams import realistic_events
 
 RunCli = Callable[[Sequence[str]], tuple[int, str, str]]  # the run_cli fixture
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.summary import upstream_error_text
+from codeclog.replay.summary import upstream_error_text
 
 RunCli = Callable[[Sequence[str]], tuple[int, str, str]]  # the run_cli fixture
 
@@ -92,8 +92,8 @@ def test_summary_table_lists_every_request_with_its_status(run_cli: RunCli) -> N
 
 
 def test_upstream_error_text_matches_the_fold_strict_error_json() -> None:
-    from consumers.fold.outcomes import Reject, RejectReason
-    from consumers.fold.report import strict_error_json
+    from codeclog.consumers.fold.outcomes import Reject, RejectReason
+    from codeclog.consumers.fold.report import strict_error_json
 
     reject = Reject(
         request_id="b",

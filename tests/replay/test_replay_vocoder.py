@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from consumers.fold.synth import realistic_events
-from replay.synthetic import metadata_for, records_from_events, write_capture
+from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
+from codeclog.testing.upstream_streams import realistic_events
 
 RunCli = Callable[[Sequence[str]], tuple[int, str, str]]  # the run_cli fixture
 
@@ -27,7 +27,7 @@ SCENARIO = REPO / "tests" / "data" / "scenarios" / "01_clean_turn.jsonl"
 @pytest.fixture(autouse=True)
 def _needs_the_engine() -> None:
     pytest.importorskip("torch")
-    pytest.importorskip("vocoder.engine")
+    pytest.importorskip("codeclog.vocoder.engine")
 
 
 def _replay_json_twice(path: Path) -> tuple[bytes, bytes]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from schemas.records import (
+from codeclog.schemas.records import (
     AudioChunk,
     CodecChunk,
     ControlEvent,

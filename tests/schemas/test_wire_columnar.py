@@ -13,10 +13,10 @@ from fastavro import parse_schema, schemaless_writer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.fold.synth import realistic_events
-from schemas import wire
-from schemas.columnar import decode_values
-from schemas.records import CodecChunk, ControlEvent, ControlKind, to_dict
+from codeclog.schemas import wire
+from codeclog.schemas.columnar import decode_values
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind, to_dict
+from codeclog.testing.upstream_streams import realistic_events
 from tests.schemas.strategies import audio_chunks, codec_chunks, control_events
 
 

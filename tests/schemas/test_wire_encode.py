@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codeclog.errors import CodeclogError
-from schemas import wire
-from schemas.records import AudioChunk, CodecChunk, ControlEvent, ControlKind, DeadLetter
+from codeclog.schemas import wire
+from codeclog.schemas.records import AudioChunk, CodecChunk, ControlEvent, ControlKind, DeadLetter
 
 CHUNK = CodecChunk("r", (1, 2, 3, 4))
 AUDIO = AudioChunk("r", 0, (0,), 0, 0, 24000, b"", "", False)

@@ -9,8 +9,8 @@ import json
 import avro.io
 import avro.schema
 
-from schemas import wire
-from schemas.records import PayloadEntry, PayloadEnvelope, PayloadKind
+from codeclog.schemas import wire
+from codeclog.schemas.records import PayloadEntry, PayloadEnvelope, PayloadKind
 
 # Written by payload_envelope.v1 when it was released and never regenerated.
 V1_GOLDEN_ENVELOPE = bytes.fromhex(

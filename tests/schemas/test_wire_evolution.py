@@ -14,8 +14,8 @@ import pytest
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
 from fastavro import parse_schema, schemaless_reader
 
-from schemas import wire
-from schemas.records import AudioChunk, CodecChunk, to_dict
+from codeclog.schemas import wire
+from codeclog.schemas.records import AudioChunk, CodecChunk, to_dict
 
 # Written by codec_chunk.v1 (fastavro 1.13, before v2 existed) and never regenerated: the
 # write-old/read-new test must not depend on today's code to produce "old" bytes.
@@ -253,7 +253,7 @@ V1_GOLDEN_CHECKPOINT = bytes.fromhex(
 
 
 def test_golden_v1_dead_letter_decodes_into_latest_as_whole_and_untruncated() -> None:
-    from schemas.records import DeadLetter
+    from codeclog.schemas.records import DeadLetter
 
     assert wire.known_fingerprints()[V1_GOLDEN_DEAD_LETTER[2:10].hex()] == "dead_letter.v1"
     letter = wire.decode(V1_GOLDEN_DEAD_LETTER)
@@ -276,7 +276,7 @@ def test_golden_v1_dead_letter_decodes_into_latest_as_whole_and_untruncated() ->
 
 
 def test_golden_v1_checkpoint_decodes_into_latest_without_a_group() -> None:
-    from schemas.records import StreamCheckpoint
+    from codeclog.schemas.records import StreamCheckpoint
 
     assert wire.known_fingerprints()[V1_GOLDEN_CHECKPOINT[2:10].hex()] == "stream_checkpoint.v1"
     checkpoint = wire.decode(V1_GOLDEN_CHECKPOINT)

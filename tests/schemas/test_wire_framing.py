@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codeclog.errors import CodeclogError
-from schemas import wire
-from schemas.records import (
+from codeclog.schemas import wire
+from codeclog.schemas.records import (
     AudioChunk,
     CodecChunk,
     ControlEvent,

@@ -11,8 +11,8 @@ from fastavro import schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import wire
-from schemas.records import (
+from codeclog.schemas import wire
+from codeclog.schemas.records import (
     SILENCE_CODE,
     AudioChunk,
     CodecChunk,

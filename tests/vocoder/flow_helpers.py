@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vocoder.flow import FlowState, Token2WavFlow
+from codeclog.vocoder.flow import FlowState, Token2WavFlow
 
 PROMPT_TOKENS = 12
 

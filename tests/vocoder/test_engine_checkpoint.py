@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from vocoder.checkpoint import (
+from codeclog.vocoder.checkpoint import (
     TINY_CONFIG,
     TINY_WEIGHTS,
     FixtureManifest,
@@ -22,12 +22,12 @@ from vocoder.checkpoint import (
     load_fixture,
     read_torch_weights,
 )
-from vocoder.engine import Code2WavEngine
-from vocoder.errors import CheckpointError, VocoderConfigError
-from vocoder.fixture import MAX_FIXTURE_BYTES, check_fixture, fixture_tensors
-from vocoder.flow import ConformerTrim, FlowConfig
-from vocoder.hift import HiftConfig
-from vocoder.voice import default_voice, load_voice, save_voice
+from codeclog.vocoder.engine import Code2WavEngine
+from codeclog.vocoder.errors import CheckpointError, VocoderConfigError
+from codeclog.vocoder.fixture import MAX_FIXTURE_BYTES, check_fixture, fixture_tensors
+from codeclog.vocoder.flow import ConformerTrim, FlowConfig
+from codeclog.vocoder.hift import HiftConfig
+from codeclog.vocoder.voice import default_voice, load_voice, save_voice
 
 pytestmark = pytest.mark.vocoder
 

@@ -12,8 +12,8 @@ import os
 import numpy as np
 import pytest
 
-from vocoder.engine import Code2WavEngine, stream_seed
-from vocoder.flow import canonical_windows
+from codeclog.vocoder.engine import Code2WavEngine, stream_seed
+from codeclog.vocoder.flow import canonical_windows
 
 pytestmark = [pytest.mark.vocoder, pytest.mark.slow]
 CHECKPOINT = os.environ.get("CODECLOG_TOKEN2WAV_DIR")

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.audio_compare import Bound, compare_bound
-from vocoder.engine import (
+from codeclog.consumers.audio_compare import Bound, compare_bound
+from codeclog.vocoder.engine import (
     Code2WavEngine,
     StreamState,
     StreamStateError,
@@ -31,10 +31,10 @@ from vocoder.engine import (
     pcm_s16le,
     stream_seed,
 )
-from vocoder.errors import VocoderConfigError
-from vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows
-from vocoder.hift import HiftConfig, build_hift, initialise_hift
-from vocoder.voice import Voice, default_voice
+from codeclog.vocoder.errors import VocoderConfigError
+from codeclog.vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows
+from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift
+from codeclog.vocoder.voice import Voice, default_voice
 
 pytestmark = pytest.mark.vocoder
 GOLDEN = Path(__file__).parent / "data" / "engine_golden_tiny.json"

@@ -14,8 +14,7 @@ pytest.importorskip("torch")
 
 import torch
 
-from tests.vocoder.flow_helpers import PROMPT_TOKENS, prompt
-from vocoder.flow import (
+from codeclog.vocoder.flow import (
     FlowConfig,
     FlowInputError,
     FlowRejectReason,
@@ -23,7 +22,8 @@ from vocoder.flow import (
     Token2WavFlow,
     canonical_windows,
 )
-from vocoder.flow.stable import StableConv1d, stable_linear
+from codeclog.vocoder.flow.stable import StableConv1d, stable_linear
+from tests.vocoder.flow_helpers import PROMPT_TOKENS, prompt
 
 pytestmark = pytest.mark.vocoder
 

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("yaml")
 
-from vocoder.flow import ConformerTrim, FlowConfig, FlowConfigError
-from vocoder.flow.config import KNOWN_TAGS
+from codeclog.vocoder.flow import ConformerTrim, FlowConfig, FlowConfigError
+from codeclog.vocoder.flow.config import KNOWN_TAGS
 
 pytestmark = pytest.mark.vocoder
 

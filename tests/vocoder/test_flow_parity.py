@@ -46,8 +46,8 @@ pytest.importorskip("torch")
 import torch
 from torch import nn
 
+from codeclog.vocoder.flow import ConformerTrim, FlowConfig, FlowState, Token2WavFlow
 from tests.vocoder.reference import import_reference
-from vocoder.flow import ConformerTrim, FlowConfig, FlowState, Token2WavFlow
 
 pytestmark = pytest.mark.vocoder
 

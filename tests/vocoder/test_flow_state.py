@@ -18,14 +18,14 @@ pytest.importorskip("torch")
 
 import torch
 
-from tests.vocoder.flow_helpers import prompt
-from vocoder.flow import (
+from codeclog.vocoder.flow import (
     FlowConfig,
     FlowState,
     FlowStateError,
     Token2WavFlow,
     canonical_windows,
 )
+from tests.vocoder.flow_helpers import prompt
 
 pytestmark = pytest.mark.vocoder
 
@@ -154,7 +154,7 @@ import hashlib, json, sys, dataclasses
 import torch
 torch.manual_seed(int(sys.argv[1]))  # a different global RNG state in every child
 torch.set_num_threads(1)
-from vocoder.flow import FlowConfig, FlowState, Token2WavFlow, canonical_windows
+from codeclog.vocoder.flow import FlowConfig, FlowState, Token2WavFlow, canonical_windows
 flow = Token2WavFlow(dataclasses.replace(FlowConfig.tiny(), n_timesteps=4))
 g = torch.Generator().manual_seed(2)
 state = flow.prepare_prompt(torch.randint(0, 6561, (12,), generator=g),

@@ -10,9 +10,8 @@ pytest.importorskip("torch")
 
 import torch
 
-from tests.vocoder.flow_helpers import PROMPT_TOKENS, prompt
-from vocoder.errors import VocoderInputError
-from vocoder.flow import (
+from codeclog.vocoder.errors import VocoderInputError
+from codeclog.vocoder.flow import (
     ConformerTrim,
     FlowConfig,
     FlowInputError,
@@ -21,6 +20,7 @@ from vocoder.flow import (
     Token2WavFlow,
     canonical_windows,
 )
+from tests.vocoder.flow_helpers import PROMPT_TOKENS, prompt
 
 pytestmark = pytest.mark.vocoder
 

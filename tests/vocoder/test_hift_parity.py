@@ -35,8 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from tests.vocoder.reference import import_reference
-from vocoder.hift import (
+from codeclog.vocoder.hift import (
     HiftCache,
     HiftConfig,
     HiFTGenerator,
@@ -47,6 +46,7 @@ from vocoder.hift import (
     stream_step,
     strip_upstream_prefix,
 )
+from tests.vocoder.reference import import_reference
 
 pytestmark = pytest.mark.vocoder
 CACHE = 3840

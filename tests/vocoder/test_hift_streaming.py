@@ -11,8 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vocoder.errors import VocoderConfigError
-from vocoder.hift import (
+from codeclog.vocoder.errors import VocoderConfigError
+from codeclog.vocoder.hift import (
     HiftCache,
     HiftConfig,
     HiFTGenerator,

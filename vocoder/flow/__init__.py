@@ -10,11 +10,16 @@ Public API (the vocoder interface contract):
 - `canonical_windows(tokens)`: the 25 + 3 window schedule.
 """
 
-from vocoder.flow.config import ConformerTrim, FlowConfig
-from vocoder.flow.errors import FlowConfigError, FlowInputError, FlowRejectReason, FlowStateError
-from vocoder.flow.model import Token2WavFlow
-from vocoder.flow.state import FlowState
-from vocoder.flow.windows import canonical_windows
+from codeclog.vocoder.flow.config import ConformerTrim, FlowConfig
+from codeclog.vocoder.flow.errors import (
+    FlowConfigError,
+    FlowInputError,
+    FlowRejectReason,
+    FlowStateError,
+)
+from codeclog.vocoder.flow.model import Token2WavFlow
+from codeclog.vocoder.flow.state import FlowState
+from codeclog.vocoder.flow.windows import canonical_windows
 
 __all__ = [
     "ConformerTrim",

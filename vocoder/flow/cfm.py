@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vocoder.flow.config import FlowConfig
-from vocoder.flow.dit import DiT
-from vocoder.kernels import portable_active
+from codeclog.vocoder.flow.config import FlowConfig
+from codeclog.vocoder.flow.dit import DiT
+from codeclog.vocoder.kernels import portable_active
 
 
 def draw_noise_table(config: FlowConfig) -> Tensor:
@@ -64,7 +64,7 @@ class PortableNoise:
     def _block(self, start: int) -> Tensor:
         block = self._blocks.get(start)
         if block is None:
-            from vocoder.kernels.portable import box_muller  # torch dispatch: on use
+            from codeclog.vocoder.kernels.portable import box_muller  # torch dispatch: on use
 
             uniform = self._uniform[:, start : start + 16].to(torch.float64)
             block = box_muller(uniform.reshape(-1)).reshape(-1, 16).to(torch.float32)

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from vocoder.flow.errors import FlowConfigError
+from codeclog.vocoder.flow.errors import FlowConfigError
 
 
 class ConformerTrim(enum.Enum):

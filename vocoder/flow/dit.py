@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vocoder.flow.config import FlowConfig
-from vocoder.flow.stable import StableConv1d, StableLinear, attend, layer_norm
+from codeclog.vocoder.flow.config import FlowConfig
+from codeclog.vocoder.flow.stable import StableConv1d, StableLinear, attend, layer_norm
 
 CONV_KERNEL = 3
 CONV_CONTEXT = CONV_KERNEL - 1

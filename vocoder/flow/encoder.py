@@ -20,8 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vocoder.flow.config import FlowConfig
-from vocoder.flow.stable import StableConv1d, StableLinear, layer_norm, parameter, stable_matmul
+from codeclog.vocoder.flow.config import FlowConfig
+from codeclog.vocoder.flow.stable import (
+    StableConv1d,
+    StableLinear,
+    layer_norm,
+    parameter,
+    stable_matmul,
+)
 
 CONV2_CONTEXT = 2  # the pre-lookahead conv2 has kernel 3: two frames of left context
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from vocoder.errors import VocoderConfigError, VocoderError, VocoderInputError
+from codeclog.vocoder.errors import VocoderConfigError, VocoderError, VocoderInputError
 
 
 class FlowRejectReason(enum.Enum):

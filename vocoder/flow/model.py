@@ -16,12 +16,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vocoder.flow.cfm import ConditionalFlowMatching
-from vocoder.flow.config import FlowConfig
-from vocoder.flow.encoder import RelPositionAttention, UpsampleConformerEncoderV2
-from vocoder.flow.errors import FlowInputError, FlowRejectReason
-from vocoder.flow.stable import META, StableLinear
-from vocoder.flow.state import BatchCaches, FlowState, split_caches, stack_states, trim_state
+from codeclog.vocoder.flow.cfm import ConditionalFlowMatching
+from codeclog.vocoder.flow.config import FlowConfig
+from codeclog.vocoder.flow.encoder import RelPositionAttention, UpsampleConformerEncoderV2
+from codeclog.vocoder.flow.errors import FlowInputError, FlowRejectReason
+from codeclog.vocoder.flow.stable import META, StableLinear
+from codeclog.vocoder.flow.state import (
+    BatchCaches,
+    FlowState,
+    split_caches,
+    stack_states,
+    trim_state,
+)
 
 
 class Token2WavFlow(nn.Module):

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vocoder.flow.config import ConformerTrim, FlowConfig
-from vocoder.flow.errors import FlowStateError
+from codeclog.vocoder.flow.config import ConformerTrim, FlowConfig
+from codeclog.vocoder.flow.errors import FlowStateError
 
 TENSOR_FIELDS = (
     "conformer_cnn_cache",

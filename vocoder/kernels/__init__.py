@@ -14,7 +14,7 @@ import enum
 import threading
 from collections.abc import Iterator
 
-from vocoder.errors import VocoderConfigError
+from codeclog.vocoder.errors import VocoderConfigError
 
 
 class Kernels(enum.Enum):
@@ -47,7 +47,7 @@ def kernel_scope(kernels: str | Kernels) -> Iterator[None]:
     if Kernels.parse(kernels) is Kernels.NATIVE:
         yield
         return
-    from vocoder.kernels.portable import PortableKernels  # torch dispatch: imported on use
+    from codeclog.vocoder.kernels.portable import PortableKernels  # torch dispatch: imported on use
 
     _local.depth = getattr(_local, "depth", 0) + 1
     try:

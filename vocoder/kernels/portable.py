@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vocoder.errors import VocoderError
-from vocoder.kernels import exactmath as em
+from codeclog.vocoder.errors import VocoderError
+from codeclog.vocoder.kernels import exactmath as em
 
 aten = torch.ops.aten
 F64 = torch.float64

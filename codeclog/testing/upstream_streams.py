@@ -23,7 +23,7 @@ import random
 from collections.abc import Sequence
 from typing import Literal
 
-from schemas.records import SILENCE_CODE, CodecChunk
+from codeclog.schemas.records import SILENCE_CODE, CodecChunk
 
 PLACEHOLDER = (0,)
 _End = Literal["", "unit", "stream"]  # what a payload flushes: nothing, a talker unit, the stream

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from codeclog.errors import CodeclogError
-from schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 Event = CodecChunk | ControlEvent
 COMMENT_KEY = "comment"

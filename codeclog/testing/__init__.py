@@ -1,0 +1,1 @@
+"""Data for tests and benchmarks (never used at run time): seeded, upstream-like codec streams."""

@@ -1,0 +1,60 @@
+"""The log's layout: codeclog's topic names and partition counts (`--topics-config`).
+
+Below every package that reads or writes the topics (consumers, lag, replay, the CLI), so none
+of them has to import the CLI's configuration module to know where the records are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from codeclog.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicsConfig:
+    """Topic names and partition counts. Every field is documented; unknown keys are errors."""
+
+    chunks: str = "codec.chunks"  # codec chunks and control events, keyed by request id
+    audio: str = "codec.audio"  # audio chunks, keyed by request id
+    dlq: str = "codec.dlq"  # dead letters: reason, position, details, raw bytes
+    progress: str = "codec.progress"  # compacted: per-request recovery checkpoints
+    partitions: int = 8  # partitions of the chunks, audio and progress topics
+    dlq_partitions: int = 1
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TopicsConfig:
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown topic config keys: {', '.join(unknown)}")
+        values: dict[str, Any] = {}
+        for key, value in raw.items():
+            expected = int if key.endswith("partitions") else str
+            if not isinstance(value, expected) or isinstance(value, bool):
+                raise ConfigError(f"topic config {key!r} must be {expected.__name__}")
+            if isinstance(value, int) and value < 1:
+                raise ConfigError(f"topic config {key!r} must be >= 1, got {value}")
+            if expected is str and not value:
+                raise ConfigError(f"topic config {key!r} must not be empty")
+            values[key] = value
+        config = cls(**values)
+        names = [config.chunks, config.audio, config.dlq, config.progress]
+        if len(set(names)) != len(names):
+            raise ConfigError("topic names must be distinct")
+        return config
+
+    @classmethod
+    def load(cls, path: str | Path | None) -> TopicsConfig:
+        if path is None:
+            return cls()
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read topics config {path}: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"topics config {path} must be a JSON object")
+        return cls.from_dict(raw)

@@ -1,0 +1,125 @@
+"""The progress topic: what each transaction writes there, and how a member reads it back.
+
+Each step's transaction writes, per touched request, a small StreamCheckpoint to the compacted
+progress topic, in the partition numbered like the input partition: the fold state
+(export_request), whether the stream is open, and the input offset where its current epoch
+started. Recovery (consumers/recovery.py) reads the newest checkpoint of each request back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+
+from codeclog.consumers.fold.machine import export_request
+from codeclog.consumers.log_reader import read_partitions
+from codeclog.consumers.pipeline import AudioPipeline, InputRecord, StepOutput
+from codeclog.schemas import wire
+from codeclog.schemas.records import StreamCheckpoint
+
+log = logging.getLogger("codeclog.vocode")
+
+
+def progress_key(group: str, request_id: str) -> str:
+    """The key of a checkpoint on the compacted progress topic: the group, U+001F (the unit
+    separator, in no sane group id) and the request id, so groups never compact away each
+    other's checkpoints. (v1 checkpoints were keyed by the request id alone.)"""
+    return f"{group}\x1f{request_id}"
+
+
+class CheckpointWriter:
+    """Builds the checkpoints of one step; remembers where each open stream's epoch began."""
+
+    def __init__(self, input_topic: str, group: str, producer_id: str) -> None:
+        self.input_topic = input_topic
+        self.group = group
+        self.producer_id = producer_id
+        self.epoch_start: dict[str, int] = {}  # request id -> input offset of its epoch
+
+    def reset(self, epoch_starts: dict[str, int] | None = None) -> None:
+        """After a rebuild: only what recovery restored is known."""
+        self.epoch_start = dict(epoch_starts or {})
+
+    def note_epoch_starts(self, out: StepOutput) -> None:
+        self.epoch_start.update(out.epoch_starts)
+
+    def checkpoints(
+        self,
+        pipeline: AudioPipeline,
+        out: StepOutput,
+        records: Sequence[InputRecord],
+        now_ms: int,
+    ) -> list[tuple[StreamCheckpoint, int]]:
+        """(checkpoint, progress partition) for every request the step touched."""
+        last_offset: dict[str, int] = {}
+        for record in records:
+            if record.key is not None:
+                last_offset[record.key.decode("utf-8", "replace")] = record.position.offset
+        result = []
+        for rid, partition in out.touched.items():
+            if not rid:
+                continue
+            checkpoint = self._checkpoint(
+                pipeline, rid, partition, last_offset.get(rid, -1), now_ms
+            )
+            result.append((checkpoint, partition))
+        return result
+
+    def _checkpoint(
+        self, pipeline: AudioPipeline, rid: str, partition: int, last_offset: int, now_ms: int
+    ) -> StreamCheckpoint:
+        exported = export_request(pipeline.fold_state(partition), rid)
+        is_open = bool(exported and exported["open"])
+        if not is_open:
+            self.epoch_start.pop(rid, None)
+        return StreamCheckpoint(
+            request_id=rid,
+            input_topic=self.input_topic,
+            input_partition=partition,
+            open=is_open,
+            cache_epoch=int(exported["epoch"]) if exported else -1,
+            epoch_start_offset=self.epoch_start.get(rid, -1) if is_open else -1,
+            last_offset=last_offset,
+            windows_emitted=pipeline.windows_emitted(rid),
+            samples_emitted=pipeline.samples_emitted(rid),
+            fold_state_json=json.dumps(exported, sort_keys=True) if exported else "",
+            updated_at_ms=now_ms,
+            producer_id=self.producer_id,
+            consumer_group=self.group,
+            determinism_domain=pipeline.domain,
+        )
+
+
+def read_checkpoints(
+    client_config: dict[str, str],
+    progress_topic: str,
+    group: str,
+    partitions: list[int],
+    timeout_s: float,
+) -> dict[int, dict[str, StreamCheckpoint]]:
+    """This group's newest checkpoint per request, per progress partition. v2 records name
+    their group; a v1 record (no group: every group shared them) counts only when one of this
+    group's members wrote it (producer id `<group>-<instance>`)."""
+    if not partitions:
+        return {}
+    by_partition = read_partitions(client_config, progress_topic, partitions, timeout_s)
+    mine = f"{group}-"
+    result: dict[int, dict[str, StreamCheckpoint]] = {}
+    for partition, records in by_partition.items():
+        latest = result.setdefault(partition, {})
+        for record in records:
+            if not record.value:
+                continue
+            try:
+                checkpoint = wire.decode(record.value)
+            except wire.DecodeError as exc:
+                log.warning("progress record at %s: %s", record.position, exc)
+                continue
+            if not isinstance(checkpoint, StreamCheckpoint):
+                continue
+            written_by = checkpoint.consumer_group
+            if written_by != group and (written_by or not checkpoint.producer_id.startswith(mine)):
+                continue
+            latest[checkpoint.request_id] = checkpoint
+    return result

@@ -1,0 +1,280 @@
+"""The transaction boundary: one Kafka transaction per step, strictly one after another.
+
+A step's transaction carries its audio chunks, its dead letters, a checkpoint per touched
+request and the consumed offsets (`send_offsets_to_transaction`): everything of the step is
+visible to read_committed readers together, or none of it. A crash before the commit aborts it
+all; a crash after it loses nothing.
+
+The commit overlaps the next step: it runs on a helper thread while the service polls and
+decodes the next batch. The next step begins its own transaction only after `await_commit`
+returned; if that commit failed, the error is raised there, on the service's thread, and the
+service discards the step and rebuilds its state from the log.
+
+Failures: a call stuck past its timeout (kafka_calls.StuckCallError) or a fatal producer error
+marks the producer wedged; `ensure_producer` replaces it with a new one under the same
+transactional id (init_transactions fences the old one and aborts its open transaction). Being
+fenced by another member ends this one (InfrastructureError).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from codeclog.consumers import kafka_calls
+from codeclog.consumers.kafka_calls import (
+    FENCED_CODES,
+    KAFKA_LOG,
+    InfrastructureError,
+    StuckCallError,
+    bounded,
+    kafka_error,
+    one_line,
+)
+from codeclog.consumers.metrics import VocoderMetrics
+
+log = logging.getLogger("codeclog.vocode")
+
+TransactionError = KafkaException | StuckCallError
+
+
+class Transactions:
+    """The member's transactional producer and the one commit in flight."""
+
+    def __init__(
+        self,
+        client_config: dict[str, str],
+        transactional_id: str,
+        transaction_timeout_ms: int,
+        kafka_timeout_s: float,
+        metrics: VocoderMetrics,
+    ) -> None:
+        self.client_config = client_config
+        self.transactional_id = transactional_id
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.kafka_timeout_s = kafka_timeout_s
+        self.metrics = metrics
+        self.producer: Producer | None = None
+        self.wedged = False  # a call on the producer got stuck or it hit a fatal error
+        self.closing_timeout_s: float | None = None  # short bounds once the member exits 1
+        self._needs_init = False
+        self._abandoned: list[Producer] = []  # replaced producers: never destroyed (may block)
+        self._committing: threading.Thread | None = None  # the previous step's commit
+        self._commit_error: TransactionError | None = None
+        self._generation = 0  # bumped when a stuck commit is abandoned
+
+    @property
+    def abandoned(self) -> int:
+        """Producers given up on (stuck or fatal). The CLI ends with os._exit when > 0:
+        destroying a handle with a call still inside librdkafka can block."""
+        return len(self._abandoned)
+
+    @property
+    def committing(self) -> bool:
+        return self._committing is not None
+
+    # -- the producer ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """A new transactional producer, initialised (fences a previous incarnation)."""
+        self.producer = Producer(self._producer_config())
+        self._init()
+
+    def ensure_producer(self, reason: str = "") -> None:
+        """Replace a wedged producer (same transactional id: init_transactions fences the
+        old one and aborts its open transaction); finish a pending init_transactions."""
+        if self.producer is None or self.wedged:
+            if self.producer is not None:
+                log.warning("replacing the transactional producer (%s)", reason)
+                self._abandoned.append(self.producer)  # never destroyed: it may be stuck
+            self.producer = Producer(self._producer_config())
+            self.wedged = False
+            self._needs_init = True
+        if self._needs_init:
+            try:
+                self._init()
+            except KafkaException as exc:
+                error = kafka_error(exc)
+                if error is not None and error.fatal():
+                    self.wedged = True
+                raise
+
+    def close(self) -> None:
+        """Flush and drop the producer (a wedged one is abandoned, never flushed)."""
+        producer, self.producer = self.producer, None
+        if producer is None:
+            return
+        if self.wedged:
+            self._abandoned.append(producer)
+            return
+        bound = self.closing_timeout_s or self.kafka_timeout_s
+        try:
+            bounded("flush", lambda: producer.flush(bound), bound)
+        except (KafkaException, StuckCallError) as exc:
+            log.warning("producer flush failed: %s", one_line(exc))
+            self._abandoned.append(producer)
+
+    def _init(self) -> None:
+        producer = self.producer
+        assert producer is not None
+        timeout = self.kafka_timeout_s
+        bounded("init_transactions", lambda: producer.init_transactions(timeout), timeout)
+        self._needs_init = False
+
+    def _producer_config(self) -> dict[str, Any]:
+        config = transactional_producer_config(
+            self.client_config, self.transactional_id, self.transaction_timeout_ms
+        )
+        config.setdefault("logger", KAFKA_LOG)
+        return config
+
+    # -- one step's transaction -----------------------------------------------------------------
+
+    def begin(self) -> None:
+        assert self.producer is not None
+        self.producer.begin_transaction()
+
+    def produce(self, topic: str, key: str, value: bytes, partition: int | None = None) -> None:
+        assert self.producer is not None
+        kwargs: dict[str, Any] = {"key": key.encode(), "value": value}
+        if partition is not None:
+            kwargs["partition"] = partition
+        deadline = time.monotonic() + self.kafka_timeout_s
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                return
+            except BufferError:  # local queue full: let deliveries drain, then retry
+                if time.monotonic() > deadline:
+                    limit = self.kafka_timeout_s
+                    raise StuckCallError("produce (local queue full)", limit) from None
+                self.producer.poll(0.05)
+
+    def send_offsets(self, positions: list[TopicPartition], group_metadata: Any) -> None:
+        producer, timeout = self.producer, self.kafka_timeout_s
+        assert producer is not None
+        bounded(
+            "send_offsets_to_transaction",
+            lambda: producer.send_offsets_to_transaction(positions, group_metadata, timeout),
+            timeout,
+        )
+
+    def commit_in_background(self, on_committed: Callable[[], None]) -> None:
+        """Commit the open transaction on a helper thread; `on_committed` runs there after a
+        commit that still counts (not abandoned as stuck meanwhile)."""
+        self._committing = threading.Thread(
+            target=self._commit, args=(on_committed,), name="codeclog-commit", daemon=True
+        )
+        self._committing.start()
+
+    def _commit(self, on_committed: Callable[[], None]) -> None:
+        assert self.producer is not None
+        generation = self._generation
+        try:
+            self.producer.commit_transaction(self.kafka_timeout_s)
+        except KafkaException as exc:
+            if generation == self._generation:
+                self._commit_error = exc
+            return
+        if generation == self._generation:  # else abandoned as stuck: it no longer counts
+            on_committed()
+
+    def join(self) -> None:
+        """Wait for the commit in flight without raising (rebalance callbacks, shutdown): a
+        failure stays recorded for `await_commit`. A commit still running after its timeout
+        plus CALL_GRACE_S is stuck: abandoned, recorded as the failure."""
+        if self._committing is not None:
+            limit = self.kafka_timeout_s + kafka_calls.CALL_GRACE_S
+            self._committing.join(limit)
+            if self._committing.is_alive():
+                self._generation += 1  # whatever it does later no longer counts
+                self._commit_error = StuckCallError("commit_transaction", limit)
+            self._committing = None
+
+    def await_commit(self) -> None:
+        """Wait for the previous step's commit; re-raise its failure here, on the caller's
+        thread (once)."""
+        self.join()
+        error, self._commit_error = self._commit_error, None
+        if error is not None:
+            raise error
+
+    # -- failures -------------------------------------------------------------------------------
+
+    def handle_error(self, exc: TransactionError) -> None:
+        """Abort the open transaction (or give up on the producer); InfrastructureError when
+        the member must end (fenced by another member with its transactional id)."""
+        self.metrics.transactions.labels(result="aborted").inc()
+        if isinstance(exc, StuckCallError):
+            log.warning("%s: abandoning the producer, rewinding to the committed offsets", exc)
+            self.wedged = True
+            return
+        error = kafka_error(exc)
+        if error is not None and error.code() in FENCED_CODES:
+            self.wedged = True  # no abort on a fenced producer: it is unusable
+            raise InfrastructureError(
+                f"fenced: another member uses the transactional id "
+                f"{self.transactional_id!r} ({one_line(exc)})"
+            ) from exc
+        if error is not None and error.fatal():
+            log.warning("fatal producer error (%s): replacing the producer, rewinding", error)
+            self.wedged = True
+            return
+        if error is not None and error.txn_requires_abort():
+            log.warning("transaction aborted (%s): rewinding to the committed offsets", error)
+        elif error is not None and error.retriable():
+            log.warning("retriable transaction error (%s): aborting and retrying the step", error)
+        else:  # librdkafka: treat an error that is none of the three as fatal
+            log.warning("transaction failed (%s): replacing the producer, rewinding", exc)
+            self.wedged = True
+            return
+        self.abort_quietly()
+
+    def abort_quietly(self) -> None:
+        """Abort the open transaction; a producer that cannot abort is replaced later."""
+        producer = self.producer
+        if producer is None or self.wedged:
+            return
+        timeout = self.closing_timeout_s or self.kafka_timeout_s
+        try:
+            bounded("abort_transaction", lambda: producer.abort_transaction(timeout), timeout)
+        except StuckCallError as exc:
+            log.warning("%s: the producer will be replaced", exc)
+            self.wedged = True
+        except KafkaException as exc:
+            error = kafka_error(exc)
+            if error is not None and error.code() == KafkaError._STATE:
+                log.debug("abort_transaction: %s", exc)  # no transaction was open
+                return
+            log.warning("abort_transaction failed (%s): the producer will be replaced", exc)
+            self.wedged = True
+
+
+def transactional_producer_config(
+    client_config: dict[str, str], transactional_id: str, transaction_timeout_ms: int
+) -> dict[str, Any]:
+    """The service's transactional producer (bench/bench_transaction.py measures the same)."""
+    config: dict[str, Any] = dict(client_config)
+    config.update(
+        {
+            "transactional.id": transactional_id,
+            "enable.idempotence": True,
+            "linger.ms": 1,
+            # A step's transaction begins right after the previous commit, while the
+            # coordinator may still be writing its markers: it answers CONCURRENT_TRANSACTIONS
+            # and librdkafka retries after retry.backoff.ms, doubling up to the max. Measured
+            # on the local broker, back-to-back steps (bench_transaction.py): p50 ~110 ms with
+            # the default 100, 14 ms with 10, 5 ms with 1. Other retries back off the same way.
+            "retry.backoff.ms": 1,
+            "retry.backoff.max.ms": 100,
+            "transaction.timeout.ms": transaction_timeout_ms,
+            "partitioner": "murmur2_random",
+            "message.max.bytes": 4_000_000,
+        }
+    )
+    return config
