@@ -36,6 +36,14 @@ if ! "$venv/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.f
   echo "bootstrap: installing stepaudio2-minicpmo==0.1.1 (parity reference, --no-deps)"
   "$venv/bin/python" -m pip install -q --progress-bar off --no-deps stepaudio2-minicpmo==0.1.1
 fi
+# The causal HiFT's reference (minicpmo-utils 1.0.7, scheme B). It ships a top-level `stepaudio2`
+# package too, so it goes into its own directory (tests/vocoder/reference.py imports it from there,
+# or from $CODECLOG_REF_MINICPMO_UTILS) and never replaces the 0.1.1 package above.
+ref_causal="${CODECLOG_REF_MINICPMO_UTILS:-${XDG_CACHE_HOME:-$HOME/.cache}/codeclog/ref-minicpmo-utils}"
+if [ ! -f "$ref_causal/stepaudio2/causal_vocoder/generator.py" ]; then
+  echo "bootstrap: installing minicpmo-utils==1.0.7 into $ref_causal (parity reference, --no-deps)"
+  "$venv/bin/python" -m pip install -q --progress-bar off --no-deps --target "$ref_causal" minicpmo-utils==1.0.7
+fi
 
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)

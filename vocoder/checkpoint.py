@@ -4,8 +4,11 @@ Checkpoint directory (MiniCPM-o 4.5 `assets/token2wav`):
 
 - `flow.yaml` (read by `FlowConfig.from_yaml`, a restricted loader) and `flow.pt`;
 - `hift.pt`, the non-causal HiFT of scheme A. In the `minicpmo-utils` 1.0.7 layout (a
-  `config.yaml` next to it) `hift.pt` is the causal CosyVoice3 vocoder and the non-causal one is
-  `hift_original.pt`; we then load `hift_original.pt`, since only scheme A is implemented;
+  `config.yaml` next to it) `hift.pt` is the causal CosyVoice3 vocoder (scheme B,
+  `vocoder.causal_hift`) and the non-causal one is `hift_original.pt`. `load_checkpoint` loads
+  the non-causal one in both layouts; `load_causal_hift` loads the causal one of a 1.0.7 layout,
+  and `choose_hift_variant` says which a checkpoint gets (the variant is chosen per checkpoint:
+  `noncausal` by default, `causal` only where the layout has it);
 - optionally `speech_tokenizer_v2_25hz.onnx` and `campplus.onnx` (prompt extraction from a
   reference recording; not implemented yet, see `codeclog.vocoder.voice`).
 
@@ -28,7 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from codeclog.vocoder.errors import CheckpointError
+from codeclog.vocoder.causal_hift import CausalHiftConfig, CausalHiFTGenerator, build_causal_hift
+from codeclog.vocoder.errors import CheckpointError, VocoderConfigError
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
 from codeclog.vocoder.hift import HiftConfig, HiFTGenerator, build_hift, strip_upstream_prefix
 
@@ -51,6 +55,7 @@ class CheckpointLayout:
     layout: str  # "1.0.5" (hift.pt non-causal) or "1.0.7" (config.yaml + hift_original.pt)
     tokenizer_onnx: Path | None  # speech_tokenizer_v2_25hz.onnx when present
     speaker_onnx: Path | None  # campplus.onnx when present
+    causal_hift_weights: Path | None = None  # the causal HiFT (hift.pt of the 1.0.7 layout)
 
 
 def inspect_checkpoint(directory: str | Path) -> CheckpointLayout:
@@ -72,6 +77,7 @@ def inspect_checkpoint(directory: str | Path) -> CheckpointLayout:
         layout="1.0.7" if causal_layout else "1.0.5",
         tokenizer_onnx=_optional(root / "speech_tokenizer_v2_25hz.onnx"),
         speaker_onnx=_optional(root / "campplus.onnx"),
+        causal_hift_weights=_optional(root / "hift.pt") if causal_layout else None,
     )
 
 
@@ -110,6 +116,52 @@ def load_checkpoint(
     weights = strip_upstream_prefix(read_torch_weights(layout.hift_weights))
     load_strict(hift, weights, str(layout.hift_weights))
     return flow, hift
+
+
+class HiftVariant(enum.Enum):
+    """Which HiFT vocodes a checkpoint's streams."""
+
+    NONCAUSAL = "noncausal"  # scheme A: HiFTGenerator, cross-faded 8-frame overlap
+    CAUSAL = "causal"  # scheme B: CausalHiFTGenerator, bounded history, fixed 8-frame delay
+
+    @classmethod
+    def parse(cls, value: str | HiftVariant) -> HiftVariant:
+        if isinstance(value, HiftVariant):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(v.value for v in cls)
+            raise VocoderConfigError(
+                f"hift variant must be one of {names}, got {value!r}"
+            ) from None
+
+
+def choose_hift_variant(
+    layout: CheckpointLayout, requested: str | HiftVariant | None = None
+) -> HiftVariant:
+    """The variant for this checkpoint: `requested`, or noncausal (every layout has it).
+    CheckpointError when the causal one is asked of a layout without it (1.0.5)."""
+    variant = HiftVariant.NONCAUSAL if requested is None else HiftVariant.parse(requested)
+    if variant is HiftVariant.CAUSAL and layout.causal_hift_weights is None:
+        raise CheckpointError(
+            f"checkpoint {layout.directory} has no causal HiFT (needs config.yaml, hift.pt and "
+            "hift_original.pt, the minicpmo-utils 1.0.7 layout)"
+        )
+    return variant
+
+
+def load_causal_hift(
+    layout: CheckpointLayout, config: CausalHiftConfig | None = None
+) -> CausalHiFTGenerator:
+    """The causal HiFT of a 1.0.7 layout, strictly loaded (CPU, float32). config.yaml is not
+    parsed (hyperpyyaml tags); the published CosyVoice3 sizes are used unless given."""
+    choose_hift_variant(layout, HiftVariant.CAUSAL)
+    assert layout.causal_hift_weights is not None
+    model = build_causal_hift(CausalHiftConfig.full() if config is None else config)
+    weights = strip_upstream_prefix(read_torch_weights(layout.causal_hift_weights))
+    load_strict(model, weights, str(layout.causal_hift_weights))
+    return model
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,3 +69,59 @@ def import_reference(*modules: str) -> list[types.ModuleType]:
         if in_ci():
             pytest.fail(f"{message}; CI must run the parity tests", pytrace=False)
         pytest.skip(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# minicpmo-utils 1.0.7 (the causal HiFT, scheme B). It also ships a top-level `stepaudio2`
+# package, so it is installed into its own directory (scripts/bootstrap.sh:
+# `pip install --no-deps --target ~/.cache/codeclog/ref-minicpmo-utils minicpmo-utils==1.0.7`)
+# and imported with the `stepaudio2` entries of sys.modules swapped out and back in: the modules
+# returned keep working (their own imports are resolved at import time), and the 0.1.1 reference
+# above is untouched.
+
+CAUSAL_VERSION = "1.0.7"
+CAUSAL_ENV = "CODECLOG_REF_MINICPMO_UTILS"
+CAUSAL_INSTALL = (
+    f"pip install --no-deps --target ~/.cache/codeclog/ref-minicpmo-utils "
+    f"minicpmo-utils=={CAUSAL_VERSION}"
+)
+
+
+def causal_reference_root() -> str:
+    default = os.path.join(os.path.expanduser("~"), ".cache", "codeclog", "ref-minicpmo-utils")
+    return os.environ.get(CAUSAL_ENV) or default
+
+
+def _swapped_import(root: str, modules: tuple[str, ...]) -> list[types.ModuleType]:
+    folder = os.path.join(root, PACKAGE)
+    if not os.path.isfile(os.path.join(folder, "causal_vocoder", "generator.py")):
+        raise ModuleNotFoundError(f"No module named {PACKAGE!r} under {root}", name=PACKAGE)
+    saved = {k: v for k, v in sys.modules.items() if k == PACKAGE or k.startswith(PACKAGE + ".")}
+    for key in saved:
+        del sys.modules[key]
+    try:
+        package = types.ModuleType(PACKAGE)
+        package.__path__ = [folder]
+        package.__spec__ = importlib.machinery.ModuleSpec(PACKAGE, None, is_package=True)
+        package.__spec__.submodule_search_locations = [folder]
+        sys.modules[PACKAGE] = package
+        return [importlib.import_module(f"{PACKAGE}.{name}") for name in modules]
+    finally:
+        for key in [k for k in sys.modules if k == PACKAGE or k.startswith(PACKAGE + ".")]:
+            del sys.modules[key]
+        sys.modules.update(saved)
+
+
+def import_causal_reference(*modules: str) -> list[types.ModuleType]:
+    """Submodules of minicpmo-utils 1.0.7's `stepaudio2` (e.g. "causal_vocoder.generator"),
+    or skip / fail exactly as `import_reference` does."""
+    try:
+        return _swapped_import(causal_reference_root(), modules)
+    except ImportError as exc:
+        missing = not_installed(exc)
+        if missing is None:
+            raise
+        message = f"causal reference {missing!r} is not installed ({CAUSAL_INSTALL})"
+        if in_ci():
+            pytest.fail(f"{message}; CI must run the parity tests", pytrace=False)
+        pytest.skip(message)

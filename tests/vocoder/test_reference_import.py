@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.vocoder import reference
@@ -66,3 +69,40 @@ def test_the_installed_reference_imports() -> None:
         "cosyvoice2.transformer.upsample_encoder_v2",
     )
     assert hasattr(modules[0], "HiFTGenerator")
+
+
+# -- the causal reference (minicpmo-utils 1.0.7, in its own directory) --------------------------
+
+
+@pytest.mark.parametrize(
+    ("ci", "outcome"), [("", pytest.skip.Exception), ("true", pytest.fail.Exception)]
+)
+def test_a_missing_causal_reference_directory_skips_outside_ci_and_fails_in_it(
+    ci: str, outcome: type[BaseException], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setenv(reference.CAUSAL_ENV, str(tmp_path / "absent"))
+    with pytest.raises(outcome, match=r"minicpmo-utils==1\.0\.7"):
+        reference.import_causal_reference("causal_vocoder.generator")
+
+
+def test_a_broken_causal_reference_fails_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "stepaudio2" / "causal_vocoder"
+    folder.mkdir(parents=True)
+    (folder / "generator.py").write_text("import stepaudio2.not_there\n")
+    monkeypatch.setenv("CI", "")
+    monkeypatch.setenv(reference.CAUSAL_ENV, str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="not_there"):
+        reference.import_causal_reference("causal_vocoder.generator")
+
+
+def test_the_causal_reference_leaves_the_scheme_a_reference_in_place() -> None:
+    """Both ship `stepaudio2`: importing 1.0.7's swaps sys.modules out and back, so the 0.1.1
+    modules stay importable and are the ones `stepaudio2` names afterwards."""
+    before = reference.import_reference("flashcosyvoice.modules.hifigan")[0]
+    causal = reference.import_causal_reference("causal_vocoder.generator")[0]
+    assert hasattr(causal, "CausalHiFTGenerator")
+    assert sys.modules["stepaudio2.flashcosyvoice.modules.hifigan"] is before
+    assert "stepaudio2.causal_vocoder.generator" not in sys.modules

@@ -1,0 +1,108 @@
+"""CPU cost per row of the causal HiFT (scheme B) against today's HiFT (scheme A).
+
+    python bench/bench_causal_hift.py                      # tiny and full sizes, 1 thread
+    python bench/bench_causal_hift.py --configs full --windows 2
+
+One row (batch 1) streams canonical 50-frame mel windows (1.0 s of audio each) through each
+vocoder, after one untimed warm-up window; A and B take turns window by window, so a shared
+machine's load hits both alike. Prints the best and mean seconds per window, the RTF (best
+seconds per 1.0 s window) and B / A. Weights are the seeded fixture init at either size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from codeclog.vocoder.causal_hift import (  # noqa: E402
+    CausalHiftConfig,
+    CausalVocoder,
+    build_causal_hift,
+    initialise_causal_hift,
+)
+from codeclog.vocoder.hift import (  # noqa: E402
+    HiftCache,
+    HiftConfig,
+    build_hift,
+    fuse_weight_norm,
+    initialise_hift,
+    stream_step,
+)
+
+
+def measure(name: str, windows: int) -> tuple[list[float], list[float]]:
+    hift_config = HiftConfig.full() if name == "full" else HiftConfig.tiny()
+    causal_config = CausalHiftConfig.full() if name == "full" else CausalHiftConfig.tiny()
+    a = build_hift(hift_config)
+    initialise_hift(a, 0)
+    fuse_weight_norm(a)
+    b = build_causal_hift(causal_config)
+    initialise_causal_hift(b, 0)
+    vocoder = CausalVocoder(b)
+    generator = torch.Generator().manual_seed(0)
+    mels = [torch.randn(1, 80, 50, generator=generator) - 5.0 for _ in range(windows + 1)]
+    cache_a, cache_b = [HiftCache.empty(hift_config)], [vocoder.empty_cache()]
+    times_a: list[float] = []
+    times_b: list[float] = []
+    with torch.inference_mode():
+        for index, mel in enumerate(mels):
+            start = time.perf_counter()
+            cache_a = stream_step(a, cache_a, mel, False, [index]).caches
+            middle = time.perf_counter()
+            cache_b = vocoder.step(cache_b, mel, False).caches
+            end = time.perf_counter()
+            if index:  # the first window warms up
+                times_a.append(middle - start)
+                times_b.append(end - middle)
+    return times_a, times_b
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--configs", default="tiny,full", help="comma list of tiny, full")
+    parser.add_argument("--windows", type=int, default=None, help="timed windows (tiny 8, full 3)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = parser.parse_args(argv)
+    names = [n for n in args.configs.split(",") if n]
+    if any(n not in ("tiny", "full") for n in names) or (args.windows or 1) < 1:
+        print("--configs takes tiny and/or full; --windows must be >= 1", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    lines = [
+        "| sizes | windows | A best s | A mean s | B best s | B mean s | RTF A | RTF B | B / A |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        windows = args.windows or (8 if name == "tiny" else 3)
+        ta, tb = measure(name, windows)
+        ratio = min(tb) / min(ta)
+        lines.append(
+            f"| {name} | {windows} | {min(ta):.3f} | {statistics.mean(ta):.3f} | {min(tb):.3f} "
+            f"| {statistics.mean(tb):.3f} | {min(ta):.3f} | {min(tb):.3f} | {ratio:.2f} |"
+        )
+        print(lines[-1], file=sys.stderr)
+    command = "python bench/bench_causal_hift.py " + shlex.join(
+        sys.argv[1:] if argv is None else argv
+    )
+    print(
+        f"Causal HiFT (B) vs HiFT (A), one row, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s)\n\n" + "\n".join(lines) + f"\n\nCommand: `{command}`"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

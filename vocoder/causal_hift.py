@@ -1,0 +1,730 @@
+"""Causal HiFT (CosyVoice3 `CausalHiFTGenerator`) and its bounded streaming rule ("scheme B").
+
+The module tree reproduces `stepaudio2.causal_vocoder.generator.CausalHiFTGenerator` with the
+`CausalConvRNNF0Predictor` of `minicpmo-utils` 1.0.7, so that release's `hift.pt` (next to its
+`config.yaml`) loads with `strict=True`. `CausalVocoder.step` reproduces
+`causal_vocoder.bounded_vocoder.BoundedVocoder.stream` plus the lead-in of
+`Token2wav._stream_vocode` (tests/vocoder/test_causal_hift_parity.py checks both against the
+package).
+
+Streaming, per stream (no cross-fade, no randomness drawn per call):
+
+- the vocoder has a fixed delay of 8 mel frames: F0 right context 3 (the F0 predictor's first
+  conv, k=4, looks 3 frames ahead), conv_pre right context 4, and 1 iSTFT frame;
+- fresh mel is taken in internal blocks of 16 frames; after each block the F0 and excitation are
+  extended as far as the right context allows, and speech up to `source_end - 5` frames is
+  vocoded from a bounded history (`CausalLimits.history` frames) and emitted;
+- F0 is predicted in float64 and the harmonic phase is accumulated in float64 modulo 1;
+- the additive noise is read from a fixed uniform table at absolute sample positions, so a
+  stream's noise never depends on its batch mates or on how its mel was chunked.
+
+Sample counts (tested): a call emits (available - emitted) * 480 samples, where available =
+frames received - 8 for a non-final call and all frames received for the final one; the first
+call that emits audio, if it is not final, is preceded by 8 * 480 = 3840 zero samples (upstream's
+lead-in, which keeps scheme B aligned with scheme A's hold-back). So canonical 50-frame windows
+give 24000 samples each, the final flush releases the pending 3840, and a whole stream of N mel
+frames emits N * 480 + 3840 samples (N * 480 when its only window is final).
+
+Output is chunk-invariant up to float rounding (convolutions over different input lengths);
+bit-identical for any chunking whose call boundaries fall on multiples of 16 frames.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.parametrizations import weight_norm
+
+from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
+from codeclog.vocoder.hift import Snake, _hann_periodic, fuse_weight_norm
+from codeclog.vocoder.kernels import portable_active
+
+F64 = torch.float64
+UPSTREAM_NOISE_TABLE_SAMPLES = 300 * 24000  # SineGen2.sine_waves: 300 s of (samples, 9) U[0, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalHiftConfig:
+    """Sizes of the causal HiFT (defaults: the published CosyVoice3 / minicpmo-utils 1.0.7
+    `config.yaml`) and of its streaming rule."""
+
+    in_channels: int = 80
+    base_channels: int = 512
+    nb_harmonics: int = 8
+    sampling_rate_hz: int = 24000
+    nsf_alpha: float = 0.1
+    nsf_sigma: float = 0.003
+    nsf_voiced_threshold_hz: float = 10.0
+    upsample_rates: tuple[int, ...] = (8, 5, 3)
+    upsample_kernel_sizes: tuple[int, ...] = (16, 11, 7)
+    istft_n_fft: int = 16
+    istft_hop: int = 4
+    resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
+    resblock_dilations: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    source_resblock_kernel_sizes: tuple[int, ...] = (7, 7, 11)
+    source_resblock_dilations: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    lrelu_slope: float = 0.1
+    audio_limit: float = 0.99
+    f0_channels: int = 512  # the F0 predictor: 5 convs (k=4 looking right, then 4x k=3 left)
+    conv_pre_look_right: int = 4
+    block_frames: int = 16  # internal streaming block (BoundedVocoder's default)
+    noise_table_samples: int = UPSTREAM_NOISE_TABLE_SAMPLES  # wraps around after this many
+    noise_seed: int = 0  # the noise table's generator seed (upstream: the global RNG at init)
+
+    def __post_init__(self) -> None:
+        stages = len(self.upsample_rates)
+        lengths = {
+            len(self.upsample_kernel_sizes),
+            len(self.source_resblock_kernel_sizes),
+            len(self.source_resblock_dilations),
+        }
+        if lengths != {stages}:
+            raise VocoderConfigError("need one kernel, source kernel and dilation list per stage")
+        if len(self.resblock_kernel_sizes) != len(self.resblock_dilations):
+            raise VocoderConfigError("resblock kernel sizes and dilations differ in length")
+        if self.base_channels % (2**stages) or self.base_channels < 2**stages:
+            raise VocoderConfigError(f"base_channels must be a multiple of {2**stages}")
+        if min(self.block_frames, self.conv_pre_look_right, self.noise_table_samples) < 1:
+            raise VocoderConfigError("block_frames, conv_pre_look_right, noise table must be >= 1")
+        if self.samples_per_frame != 480 or self.sampling_rate_hz != 24000:
+            raise VocoderConfigError("the causal HiFT runs at 24 kHz, 480 samples per mel frame")
+
+    @property
+    def samples_per_frame(self) -> int:
+        return math.prod(self.upsample_rates) * self.istft_hop
+
+    @classmethod
+    def full(cls) -> CausalHiftConfig:
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> CausalHiftConfig:
+        """Same interface, fast on 2 CPU cores; a 4 s noise table, so tests wrap around it."""
+        return cls(base_channels=16, f0_channels=16, noise_table_samples=4 * 24000)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> CausalHiftConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise VocoderConfigError(f"unknown causal HiFT config keys: {', '.join(unknown)}")
+        return cls(**{key: _freeze(value) for key, value in raw.items()})
+
+
+def _freeze(value: Any) -> Any:
+    return tuple(_freeze(item) for item in value) if isinstance(value, list) else value
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers (upstream causal_vocoder/convolution.py)
+
+
+class CausalConv1d(nn.Conv1d):
+    """A stride-1 conv padded on one side by `causal_padding` frames: zeros, or the given
+    `context` (the right look-ahead of a streaming call)."""
+
+    def __init__(
+        self, cin: int, cout: int, kernel: int, dilation: int = 1, causal_type: str = "left"
+    ) -> None:
+        super().__init__(cin, cout, kernel, 1, padding=0, dilation=dilation)
+        self.causal_padding = (kernel * dilation - dilation) // 2 * 2 + (kernel + 1) % 2
+        if causal_type not in ("left", "right"):
+            raise VocoderConfigError(f"causal_type must be left or right, got {causal_type!r}")
+        self.causal_type = causal_type
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        if context is None:
+            context = x.new_zeros(x.shape[0], x.shape[1], self.causal_padding)
+        if context.shape[2] != self.causal_padding:
+            raise VocoderInputError(f"context must hold {self.causal_padding} frames")
+        padded = torch.cat([context, x] if self.causal_type == "left" else [x, context], dim=2)
+        return super().forward(padded)
+
+
+class CausalConv1dDownSample(nn.Conv1d):
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
+        super().__init__(cin, cout, kernel, stride, padding=0)
+        if stride == 1 or kernel % stride:
+            raise VocoderConfigError("a causal downsampling conv needs stride > 1 dividing kernel")
+        self.causal_padding = stride - 1
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(F.pad(x, (self.causal_padding, 0), value=0.0))
+
+
+class CausalConv1dUpsample(nn.Conv1d):
+    """Nearest upsampling by `stride`, then a left-padded stride-1 conv (upstream's replacement
+    for the transposed conv; its weight is (out, in, k), not a ConvTranspose1d's)."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
+        super().__init__(cin, cout, kernel, 1, padding=0)
+        self.causal_padding = kernel - 1
+        self.upsample = nn.Upsample(scale_factor=stride, mode="nearest")
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.pad(self.upsample(x), (self.causal_padding, 0), value=0.0)
+        return super().forward(x)
+
+
+class CausalResBlock(nn.Module):
+    """ResBlock(causal=True): dilated left-causal convs with Snake activations."""
+
+    def __init__(self, channels: int, kernel: int, dilations: Sequence[int]) -> None:
+        super().__init__()
+        self.convs1 = nn.ModuleList(
+            weight_norm(CausalConv1d(channels, channels, kernel, d)) for d in dilations
+        )
+        self.convs2 = nn.ModuleList(
+            weight_norm(CausalConv1d(channels, channels, kernel)) for _ in dilations
+        )
+        self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
+        self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
+
+    def history(self) -> int:
+        """Frames of left context the block reads (upstream `_residual_history`)."""
+        return sum(_padding_of(conv) for conv in (*self.convs1, *self.convs2))
+
+    def forward(self, x: Tensor) -> Tensor:
+        for conv1, conv2, act1, act2 in zip(
+            self.convs1, self.convs2, self.activations1, self.activations2, strict=True
+        ):
+            x = conv2(act2(conv1(act1(x)))) + x
+        return x
+
+
+def _padding_of(module: nn.Module) -> int:
+    padding = getattr(module, "causal_padding", None)
+    if not isinstance(padding, int):
+        raise VocoderConfigError(f"{type(module).__name__} is not a causal conv")
+    return padding
+
+
+class CausalConvRNNF0Predictor(nn.Module):
+    """Mel -> F0 (Hz): conv k=4 looking 3 frames right, 4 left-causal k=3 convs, ELU, linear."""
+
+    def __init__(self, in_channels: int, channels: int) -> None:
+        super().__init__()
+        stack: list[nn.Module] = [
+            weight_norm(CausalConv1d(in_channels, channels, 4, causal_type="right")),
+            nn.ELU(),
+        ]
+        for _ in range(4):
+            stack += [weight_norm(CausalConv1d(channels, channels, 3)), nn.ELU()]
+        self.condnet = nn.Sequential(*stack)
+        self.classifier = nn.Linear(channels, 1)
+
+    @property
+    def right_context(self) -> int:
+        return _padding_of(self.condnet[0])
+
+    @property
+    def left_context(self) -> int:
+        return sum(_padding_of(m) for m in list(self.condnet)[1:] if isinstance(m, CausalConv1d))
+
+    def forward(self, x: Tensor, finalize: bool = True) -> Tensor:
+        first = self.condnet[0]
+        if finalize:
+            x = first(x)
+        else:
+            right = self.right_context
+            x = first(x[:, :, :-right], x[:, :, -right:])
+        for layer in list(self.condnet)[1:]:
+            x = layer(x)
+        return torch.abs(self.classifier(x.transpose(1, 2)).squeeze(-1))
+
+
+class CausalSourceModule(nn.Module):
+    """The harmonic source's learned part (upstream `SourceModuleHnNSF`: `l_linear` + tanh);
+    the sines and the noise are made by `CausalVocoder` from float64 phases and the table."""
+
+    def __init__(self, config: CausalHiftConfig) -> None:
+        super().__init__()
+        self.l_linear = nn.Linear(config.nb_harmonics + 1, 1)
+        self.l_tanh = nn.Tanh()
+
+    def forward(self, excitation: Tensor) -> Tensor:
+        return self.l_tanh(self.l_linear(excitation))
+
+
+class CausalHiFTGenerator(nn.Module):
+    """CosyVoice3 causal HiFT: upstream parameter names and shapes (strict `hift.pt` load)."""
+
+    def __init__(self, config: CausalHiftConfig) -> None:
+        super().__init__()
+        self.config = config
+        rates = config.upsample_rates
+        self.m_source = CausalSourceModule(config)
+        self.conv_pre = weight_norm(
+            CausalConv1d(
+                config.in_channels,
+                config.base_channels,
+                config.conv_pre_look_right + 1,
+                causal_type="right",
+            )
+        )
+        self.ups = nn.ModuleList(
+            weight_norm(
+                CausalConv1dUpsample(
+                    config.base_channels // 2**i, config.base_channels // 2 ** (i + 1), k, u
+                )
+            )
+            for i, (u, k) in enumerate(zip(rates, config.upsample_kernel_sizes, strict=True))
+        )
+        self.source_downs = nn.ModuleList(_source_downs(config))
+        self.source_resblocks = nn.ModuleList(
+            CausalResBlock(config.base_channels // 2 ** (i + 1), k, d)
+            for i, (k, d) in enumerate(
+                zip(
+                    config.source_resblock_kernel_sizes,
+                    config.source_resblock_dilations,
+                    strict=True,
+                )
+            )
+        )
+        self.resblocks = nn.ModuleList(
+            CausalResBlock(config.base_channels // 2 ** (i + 1), k, d)
+            for i in range(len(rates))
+            for k, d in zip(config.resblock_kernel_sizes, config.resblock_dilations, strict=True)
+        )
+        last = config.base_channels // 2 ** len(rates)
+        self.conv_post = weight_norm(CausalConv1d(last, config.istft_n_fft + 2, 7))
+        self.reflection_pad = nn.ReflectionPad1d((1, 0))
+        self.f0_predictor = CausalConvRNNF0Predictor(config.in_channels, config.f0_channels)
+        self.stft_window = _hann_periodic(config.istft_n_fft)  # not in the state dict
+
+    def _window(self, device: torch.device) -> Tensor:
+        window = _hann_periodic(self.config.istft_n_fft) if portable_active() else self.stft_window
+        return window.to(device)
+
+    def decode(self, mel: Tensor, source: Tensor, finalize: bool = True) -> Tensor:
+        """mel (B, 80, T), excitation (B, 1, T*480) -> speech (B, T*480), or (B, (T-5)*480)
+        for a non-final call (the last 4 frames are conv_pre's look-ahead, one iSTFT frame
+        waits for the next call)."""
+        config = self.config
+        n_fft, hop = config.istft_n_fft, config.istft_hop
+        window = self._window(source.device)
+        spec = torch.view_as_real(
+            torch.stft(source.squeeze(1), n_fft, hop, n_fft, window, return_complex=True)
+        )
+        real, imag = spec[..., 0], spec[..., 1]
+        look = config.conv_pre_look_right
+        if finalize:
+            x = self.conv_pre(mel)
+        else:
+            x = self.conv_pre(mel[:, :, :-look], mel[:, :, -look:])
+            drop = math.prod(config.upsample_rates) * look
+            real, imag = real[:, :, :-drop], imag[:, :, :-drop]
+        s_stft = torch.cat([real, imag], dim=1)
+        stages = len(self.ups)
+        kernels = len(config.resblock_kernel_sizes)
+        for i in range(stages):
+            x = self.ups[i](F.leaky_relu(x, config.lrelu_slope))
+            if i == stages - 1:
+                x = self.reflection_pad(x)
+            x = x + self.source_resblocks[i](self.source_downs[i](s_stft))
+            xs = self.resblocks[i * kernels](x)
+            for j in range(1, kernels):
+                xs += self.resblocks[i * kernels + j](x)
+            x = xs / kernels
+        x = self.conv_post(F.leaky_relu(x))
+        bins = n_fft // 2 + 1
+        magnitude = torch.clip(torch.exp(x[:, :bins, :]), max=1e2)
+        phase = torch.sin(x[:, bins:, :])
+        spec_out = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+        speech = torch.istft(spec_out, n_fft, hop, n_fft, window=window)
+        if not finalize:
+            speech = speech[:, : -config.samples_per_frame]
+        return torch.clamp(speech, -config.audio_limit, config.audio_limit)
+
+
+def _source_downs(config: CausalHiftConfig) -> list[nn.Module]:
+    downsample_rates = [1, *config.upsample_rates[::-1][:-1]]
+    cumulative = [int(u) for u in np.cumprod(downsample_rates)[::-1]]
+    layers: list[nn.Module] = []
+    for i, rate in enumerate(cumulative):
+        cout, cin = config.base_channels // 2 ** (i + 1), config.istft_n_fft + 2
+        if rate == 1:
+            layers.append(CausalConv1d(cin, cout, 1))
+        else:
+            layers.append(CausalConv1dDownSample(cin, cout, rate * 2, rate))
+    return layers
+
+
+def build_causal_hift(config: CausalHiftConfig) -> CausalHiFTGenerator:
+    """Weights to be loaded or initialised; the global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        model = CausalHiFTGenerator(config)
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounded streaming (upstream BoundedVocoder + Token2wav._stream_vocode's lead-in)
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalLimits:
+    """Frame counts of the streaming rule (upstream `context_sizes` / `limits`)."""
+
+    f0_left: int  # frames of history the F0 predictor's left convs read (8)
+    f0_right: int  # F0 look-ahead (3)
+    history: int  # decoder history frames re-vocoded per call
+    decoder_right: int  # conv_pre look-ahead + the held iSTFT frame (5)
+
+    @property
+    def delay(self) -> int:
+        return self.f0_right + self.decoder_right
+
+
+def context_limits(model: CausalHiFTGenerator) -> CausalLimits:
+    config = model.config
+    rate = math.prod(config.upsample_rates)
+    transform = Fraction(config.istft_n_fft, rate * config.istft_hop)
+    kernels = len(config.resblock_kernel_sizes)
+    history, scale = Fraction(0), 1
+    for stage, upsample in enumerate(model.ups):
+        scale *= config.upsample_rates[stage]
+        history += Fraction(_padding_of(upsample), scale)
+        down = model.source_downs[stage]
+        assert isinstance(down, nn.Conv1d)
+        source_history = (
+            transform
+            + Fraction((down.kernel_size[0] - 1) * down.dilation[0], rate)
+            + Fraction(_resblock(model.source_resblocks[stage]).history(), scale)
+        )
+        residuals = list(model.resblocks)[stage * kernels : (stage + 1) * kernels]
+        deepest = max(_resblock(block).history() for block in residuals)
+        history = max(history, source_history) + Fraction(deepest, scale)
+    history += Fraction(_padding_of(model.conv_post) + 1, rate) + transform
+    return CausalLimits(
+        f0_left=model.f0_predictor.left_context,
+        f0_right=model.f0_predictor.right_context,
+        history=int(math.ceil(history) + 2),  # 2 frames for grid alignment, as upstream
+        decoder_right=config.conv_pre_look_right + 1,
+    )
+
+
+def _resblock(module: nn.Module) -> CausalResBlock:
+    assert isinstance(module, CausalResBlock)
+    return module
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalHiftCache:
+    """Per-stream state between calls (no batch dimension). Offsets are absolute mel frames.
+
+    mel: (80, M) received frames from mel_offset on (the bounded history plus the look-ahead).
+    source: (S * 480,) excitation from source_offset on, up to source_end.
+    phase: (nb_harmonics + 1,) float64 harmonic phases (cycles, modulo 1) at source_end.
+    emitted: frames vocoded and emitted so far. started: audio (or the lead-in) was emitted.
+    """
+
+    mel: Tensor
+    source: Tensor
+    phase: Tensor
+    mel_offset: int = 0
+    source_offset: int = 0
+    source_end: int = 0
+    emitted: int = 0
+    started: bool = False
+    finalized: bool = False
+
+    @classmethod
+    def empty(cls, config: CausalHiftConfig, device: torch.device | str = "cpu") -> CausalHiftCache:
+        return cls(
+            mel=torch.zeros(config.in_channels, 0, device=device),
+            source=torch.zeros(0, device=device),
+            phase=torch.zeros(config.nb_harmonics + 1, dtype=F64, device=device),
+        )
+
+    @property
+    def received(self) -> int:
+        return self.mel_offset + int(self.mel.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.mel.nbytes + self.source.nbytes + self.phase.nbytes)
+
+
+@dataclasses.dataclass
+class _Counters:
+    """The integer state of one group during a step (relative slicing is the same per row)."""
+
+    mel_offset: int
+    source_offset: int
+    source_end: int
+    emitted: int
+    mel_frames: int  # frames in the group's mel buffer
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalStep:
+    audio: list[Tensor]  # (samples,) float32 per row
+    caches: list[CausalHiftCache]
+
+
+class CausalVocoder:
+    """Streams B rows through one CausalHiFTGenerator (upstream `BoundedVocoder`, batched).
+
+    Construction converts the F0 predictor to float64 (as upstream does), fuses weight norm if
+    asked (the same weights: the norm is then computed once, in the predictor's float64) and
+    builds the noise table from `config.noise_seed`. Rows whose integer state gives the same
+    call plan run in one batch; the others in their own groups, in input order.
+
+    batch_invariant (default: on the CPU) vocodes the rows of a group one at a time: the native
+    CPU convolutions are not batch-invariant (measured: up to 1.0e-5 in the audio, 3e-14 in the
+    float64 F0, batch 3 vs 1), and a row's bytes must not depend on its batch mates there.
+    """
+
+    def __init__(
+        self,
+        model: CausalHiFTGenerator,
+        *,
+        fuse: bool = True,
+        device: str | torch.device = "cpu",
+        batch_invariant: bool | None = None,
+    ) -> None:
+        device = torch.device(device)
+        self.batch_invariant = device.type == "cpu" if batch_invariant is None else batch_invariant
+        self.model = model.eval()
+        self.config = model.config
+        self.model.f0_predictor.double()
+        if fuse:
+            fuse_weight_norm(self.model)
+        self.model.to(device)
+        self.limits = context_limits(model)
+        self.hop = self.config.samples_per_frame
+        generator = torch.Generator(device="cpu").manual_seed(self.config.noise_seed)
+        harmonics = self.config.nb_harmonics + 1
+        table = torch.rand(self.config.noise_table_samples, harmonics, generator=generator)
+        self.noise_table = table.to(device)
+
+    @property
+    def lead_in_samples(self) -> int:
+        return self.limits.delay * self.hop
+
+    def empty_cache(self) -> CausalHiftCache:
+        return CausalHiftCache.empty(self.config, self.noise_table.device)
+
+    # -- planning: which rows can share one batched call ----------------------------------
+
+    def plan(self, cache: CausalHiftCache, frames: int, final: bool) -> tuple[int, ...]:
+        """The slice lengths a step makes for this row: rows with equal plans batch together."""
+        counters = _counters(cache)
+        trace: list[int] = []
+        for part in self._parts(frames):
+            counters.mel_frames += part
+            self._advance(counters, False, trace)
+        if final:
+            self._advance(counters, True, trace)
+        return (int(cache.started), int(cache.mel.shape[1]), int(cache.source.shape[0]), *trace)
+
+    def _parts(self, frames: int) -> list[int]:
+        block = self.config.block_frames
+        return [min(block, frames - start) for start in range(0, frames, block)]
+
+    def _advance(self, c: _Counters, finalize: bool, trace: list[int]) -> None:
+        """The integer half of one upstream `_process` call (shared by plan and step)."""
+        limits = self.limits
+        received = c.mel_offset + c.mel_frames
+        available_source = max(0, received - (0 if finalize else limits.f0_right))
+        if available_source > c.source_end:
+            start = max(0, c.source_end - limits.f0_left)
+            trace += [1, start - c.mel_offset, c.source_end - start]
+            trace += [available_source - c.source_end]
+            c.source_end = available_source
+        available_speech = max(0, c.source_end - (0 if finalize else limits.decoder_right))
+        if available_speech > c.emitted:
+            start = max(0, c.emitted - limits.history)
+            trace += [2, start - c.mel_offset, c.source_end - start, start - c.source_offset]
+            trace += [c.emitted - start]
+            c.emitted = available_speech
+        keep_mel = max(0, min(c.emitted - limits.history, c.source_end - limits.f0_left))
+        keep_source = max(0, c.emitted - limits.history)
+        trace += [3, keep_mel - c.mel_offset, keep_source - c.source_offset]
+        c.mel_frames -= keep_mel - c.mel_offset
+        c.mel_offset, c.source_offset = keep_mel, keep_source
+
+    # -- compute --------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self, caches: Sequence[CausalHiftCache], mel: Tensor, final: bool) -> CausalStep:
+        """Vocode fresh mel (B, 80, F) for B streams; `final` flushes every row."""
+        if mel.dim() != 3 or mel.shape[0] != len(caches) or mel.shape[1] != self.config.in_channels:
+            raise VocoderInputError(f"mel must be (B={len(caches)}, 80, frames)")
+        for cache in caches:
+            if cache.finalized:
+                raise VocoderInputError("the stream is finalized; start a new cache")
+        frames = int(mel.shape[2])
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for row, cache in enumerate(caches):
+            groups.setdefault(self.plan(cache, frames, final), []).append(row)
+        audio: list[Tensor] = [mel.new_zeros(0)] * len(caches)
+        new: list[CausalHiftCache] = list(caches)
+        batches = [[row] for rows in groups.values() for row in rows]
+        for rows in batches if self.batch_invariant else list(groups.values()):
+            out, updated = self._step_group([caches[r] for r in rows], mel[rows], final)
+            for index, row in enumerate(rows):
+                audio[row], new[row] = out[index], updated[index]
+        return CausalStep(audio, new)
+
+    def _step_group(
+        self, caches: Sequence[CausalHiftCache], mel: Tensor, final: bool
+    ) -> tuple[list[Tensor], list[CausalHiftCache]]:
+        c = _counters(caches[0])
+        # per-row absolute source position minus the group's: noise is read per row
+        shifts = torch.tensor([k.source_end - c.source_end for k in caches], dtype=torch.long)
+        state = _Buffers(
+            mel=torch.stack([k.mel for k in caches]).float(),
+            source=torch.stack([k.source for k in caches]).unsqueeze(1),
+            phase=torch.stack([k.phase for k in caches]).unsqueeze(1),
+        )
+        chunks: list[Tensor] = []
+        with torch.autocast(mel.device.type, enabled=False):
+            for part in mel.split(self.config.block_frames, dim=2):
+                if not part.shape[2]:
+                    continue
+                state.mel = torch.cat([state.mel, part.float()], dim=2)
+                c.mel_frames = int(state.mel.shape[2])
+                chunks.append(self._process(state, c, shifts, False))
+            if final:
+                chunks.append(self._process(state, c, shifts, True))
+        speech = torch.cat(chunks, dim=1) if chunks else mel.new_zeros(len(caches), 0)
+        started = caches[0].started
+        if speech.shape[1] and not started:
+            started = True
+            if not final:
+                speech = torch.cat([speech.new_zeros(len(caches), self.lead_in_samples), speech], 1)
+        audio = [speech[row].clone() for row in range(len(caches))]
+        updated = [
+            CausalHiftCache(
+                mel=state.mel[row].clone(),
+                source=state.source[row, 0].clone(),
+                phase=state.phase[row, 0].clone(),
+                mel_offset=k.mel_offset + (c.mel_offset - caches[0].mel_offset),
+                source_offset=k.source_offset + (c.source_offset - caches[0].source_offset),
+                source_end=k.source_end + (c.source_end - caches[0].source_end),
+                emitted=k.emitted + (c.emitted - caches[0].emitted),
+                started=started,
+                finalized=final,
+            )
+            for row, k in enumerate(caches)
+        ]
+        return audio, updated
+
+    def _process(self, s: _Buffers, c: _Counters, shifts: Tensor, finalize: bool) -> Tensor:
+        """Upstream `_process` on a batch whose rows share the integer state `c`."""
+        model, limits, hop = self.model, self.limits, self.hop
+        received = c.mel_offset + c.mel_frames
+        available_source = max(0, received - (0 if finalize else limits.f0_right))
+        if available_source > c.source_end:
+            start = max(0, c.source_end - limits.f0_left)
+            features = s.mel[:, :, start - c.mel_offset :]
+            f0 = model.f0_predictor(features.double(), finalize=finalize).to(features)
+            f0 = f0[:, c.source_end - start :]
+            sources = [s.source]
+            for part in f0.split(self.config.block_frames, dim=1):
+                sources.append(self._source(part, s, shifts + c.source_end))
+                c.source_end += int(part.shape[1])
+            s.source = torch.cat(sources, dim=2)
+        available_speech = max(0, c.source_end - (0 if finalize else limits.decoder_right))
+        speech = s.mel.new_zeros(s.mel.shape[0], 0)
+        if available_speech > c.emitted:
+            start = max(0, c.emitted - limits.history)
+            features = s.mel[:, :, start - c.mel_offset : c.source_end - c.mel_offset]
+            source = s.source[:, :, (start - c.source_offset) * hop :]
+            speech = model.decode(features, source, finalize=finalize)
+            speech = speech[:, (c.emitted - start) * hop :]
+            if speech.shape[1] != (available_speech - c.emitted) * hop:
+                raise RuntimeError("causal HiFT returned an unexpected sample count")
+            c.emitted = available_speech
+        keep_mel = max(0, min(c.emitted - limits.history, c.source_end - limits.f0_left))
+        keep_source = max(0, c.emitted - limits.history)
+        s.mel = s.mel[:, :, keep_mel - c.mel_offset :]
+        s.source = s.source[:, :, (keep_source - c.source_offset) * hop :]
+        c.mel_offset, c.source_offset = keep_mel, keep_source
+        c.mel_frames = int(s.mel.shape[2])
+        return speech
+
+    def _source(self, f0: Tensor, s: _Buffers, frame_offsets: Tensor) -> Tensor:
+        """Excitation (B, 1, T*480) of F0 frames (B, T) starting at absolute frame_offsets (B,):
+        float64 phase per frame (constant over the frame, as upstream's nearest upsampling
+        after 1/hop linear sampling gives), the table's noise at absolute sample positions."""
+        config, hop = self.config, self.hop
+        harmonics = torch.arange(1, config.nb_harmonics + 2, device=f0.device, dtype=f0.dtype)
+        increments = (f0[:, :, None] * harmonics / config.sampling_rate_hz).remainder(1)
+        cycles = increments.double().cumsum(dim=1) * hop + s.phase
+        s.phase = cycles[:, -1:].remainder(1).clone()
+        sine = (cycles.remainder(1) * (2 * math.pi)).sin().to(f0).repeat_interleave(hop, dim=1)
+        voiced = (f0[:, :, None] > config.nsf_voiced_threshold_hz).to(f0)
+        voiced = voiced.repeat_interleave(hop, dim=1)
+        noise_amplitude = voiced * config.nsf_sigma + (1 - voiced) * config.nsf_alpha / 3
+        table = self.noise_table
+        steps = torch.arange(sine.shape[1], device=table.device)
+        positions = (frame_offsets.to(table.device)[:, None] * hop + steps).remainder(
+            table.shape[0]
+        )
+        noise = table[positions].to(f0)
+        excitation = sine * config.nsf_alpha * voiced + noise_amplitude * noise
+        return self.model.m_source(excitation).transpose(1, 2)
+
+
+@dataclasses.dataclass
+class _Buffers:
+    mel: Tensor  # (B, 80, M)
+    source: Tensor  # (B, 1, S*480)
+    phase: Tensor  # (B, 1, 9) float64
+
+
+def _counters(cache: CausalHiftCache) -> _Counters:
+    return _Counters(
+        mel_offset=cache.mel_offset,
+        source_offset=cache.source_offset,
+        source_end=cache.source_end,
+        emitted=cache.emitted,
+        mel_frames=int(cache.mel.shape[1]),
+    )
+
+
+def emitted_samples(frames_per_call: Sequence[int], delay: int = 8, hop: int = 480) -> list[int]:
+    """The documented sample-count rule: samples each call emits for a stream fed these mel
+    frame counts, the last call final (see the module doc). Used by tests and the engine."""
+    out: list[int] = []
+    received = emitted = 0
+    for index, frames in enumerate(frames_per_call):
+        final = index == len(frames_per_call) - 1
+        received += frames
+        available = received if final else max(0, received - delay)
+        count = max(0, available - emitted) * hop
+        if count and emitted == 0 and not final:
+            count += delay * hop
+        emitted = max(emitted, available)
+        out.append(count)
+    return out
+
+
+def initialise_causal_hift(model: CausalHiFTGenerator, seed: int) -> None:
+    """Seeded random weights for fixtures, tests and benchmarks (real ones come from hift.pt):
+    the scheme-A fixture rule (`vocoder.hift.initialise_hift`: every layer U(+-gain/sqrt(fan_in)),
+    weight-norm gains equal to their direction's norm, Snake alphas 1) and the F0 head biased to
+    about 150 Hz, so most frames are voiced and the harmonic source runs."""
+    from codeclog.vocoder.hift import FIXTURE_F0_GAIN, FIXTURE_F0_HZ, _initialise_module
+
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            _initialise_module(name, module, generator)
+        head = model.f0_predictor.classifier
+        bound = FIXTURE_F0_GAIN / math.sqrt(head.weight.shape[1])
+        head.weight.uniform_(-bound, bound, generator=generator)
+        head.bias.fill_(FIXTURE_F0_HZ)
