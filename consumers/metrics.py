@@ -38,6 +38,9 @@ class VocoderMetrics:
     pauses: Any
     paused_partitions: Any
     domain_changes: Any
+    evictions: Any
+    flow_calls: Any
+    hift_calls: Any
 
     @classmethod
     def create(cls, port: int | None) -> VocoderMetrics:
@@ -107,6 +110,25 @@ class VocoderMetrics:
                 "codeclog_vocoder_domain_changes",
                 "Open streams rebuilt in another determinism domain than their checkpoint's "
                 "(their audio continues within the cross-domain bound, not bytewise)",
+                registry=registry,
+            ),
+            evictions=prom.Counter(
+                "codeclog_vocoder_evicted_streams",
+                "Open streams ended to bound memory, by cause (state_budget: the bytes budget "
+                "of open vocoder states; open_stream_cap: the fold's count cap)",
+                ["cause"],
+                registry=registry,
+            ),
+            flow_calls=prom.Histogram(
+                "codeclog_vocoder_flow_calls_per_step",
+                "Flow (conformer + CFM) calls the engine made in one decode step",
+                buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+                registry=registry,
+            ),
+            hift_calls=prom.Histogram(
+                "codeclog_vocoder_hift_calls_per_step",
+                "HiFT calls the engine made in one decode step",
+                buckets=(1, 2, 4, 8, 16, 32, 64, 128),
                 registry=registry,
             ),
         )

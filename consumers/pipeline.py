@@ -26,7 +26,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from codeclog.consumers.fold.machine import FoldConfig, FoldState, evict, fold, new_state
+from codeclog.consumers.fold.machine import (
+    FoldConfig,
+    FoldState,
+    evict,
+    fold,
+    new_state,
+)
 from codeclog.consumers.fold.outcomes import (
     Abandoned,
     Decode,
@@ -36,8 +42,11 @@ from codeclog.consumers.fold.outcomes import (
     Release,
 )
 from codeclog.consumers.fold.report import ReportBuilder
+from codeclog.consumers.state_budget import StateBudget
+from codeclog.errors import CodeclogError
 from codeclog.schemas import wire
 from codeclog.schemas.records import (
+    MAX_CODEC_ID,
     SAMPLE_RATE_HZ,
     AudioChunk,
     CodecChunk,
@@ -91,6 +100,27 @@ class VocoderEngine(Protocol):
     ) -> list[tuple[np.ndarray, Any]]: ...
 
     def release(self, state: Any) -> None: ...
+
+
+class EngineMismatchError(CodeclogError):
+    """The engine's window rules differ from the fold's: its windows would be refused or cut
+    differently than the fold decided (lookahead frames or codec-id range)."""
+
+
+def check_engine_fits(fold_config: FoldConfig, engine: object) -> None:
+    """Raise EngineMismatchError unless the engine's lookahead and codec-id range equal the
+    fold's. An engine that does not state them (a test double) is taken as it is."""
+    lookahead = getattr(engine, "lookahead_frames", None)
+    if isinstance(lookahead, int) and lookahead != fold_config.lookahead_frames:
+        raise EngineMismatchError(
+            f"the vocoder's flow takes {lookahead} lookahead ids per window, the fold is "
+            f"configured for {fold_config.lookahead_frames} (FoldConfig.lookahead_frames)"
+        )
+    vocab = getattr(engine, "vocab_size", None)
+    if isinstance(vocab, int) and vocab != MAX_CODEC_ID + 1:
+        raise EngineMismatchError(
+            f"the vocoder accepts codec ids 0..{vocab - 1}, the wire contract 0..{MAX_CODEC_ID}"
+        )
 
 
 @dataclasses.dataclass(slots=True)
@@ -158,9 +188,12 @@ class StepOutput:
     fatal: Reject | None = None
     records: int = 0
     windows: int = 0
-    decode_calls: int = 0
+    decode_calls: int = 0  # decode_batch calls (rounds)
+    flow_calls: int = 0  # the engine's flow calls during this step (engine.calls, if it counts)
+    hift_calls: int = 0  # the engine's HiFT calls during this step
     decode_s: float = 0.0
     batch_sizes: list[int] = dataclasses.field(default_factory=list)
+    evictions: dict[str, int] = dataclasses.field(default_factory=dict)  # cause -> streams
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -172,6 +205,12 @@ class PipelineConfig:
     record_audio: bool = False  # keep per-request window accounting for reports
     producer_id: str = ""
     dead_letter_raw_limit: int = DEAD_LETTER_RAW_LIMIT  # raw bytes a dead letter keeps whole
+    # Bytes of vocoder state the open streams may hold (consumers.state_budget); None: no bound
+    state_budget_bytes: int | None = None
+
+
+EVICTED_BY_BUDGET = "state_budget"  # StepOutput.evictions causes (and the metric's label)
+EVICTED_BY_CAP = "open_stream_cap"
 
 
 class AudioPipeline:
@@ -185,6 +224,8 @@ class AudioPipeline:
     ) -> None:
         self.config = config
         self.engine = engine
+        if engine is not None:
+            check_engine_fits(config.fold, engine)
         # what decides the audio bytes (vocoder.domain), stamped on every AudioChunk
         self.domain = str(getattr(engine, "domain", "")) if engine is not None else ""
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
@@ -192,6 +233,8 @@ class AudioPipeline:
         self._streams: dict[str, _Stream] = {}
         self._partition_of: dict[str, int] = {}
         self.report_builder = ReportBuilder(config.fold.policy)
+        peak = getattr(engine, "peak_state_bytes", None)
+        self.budget = StateBudget(config.state_budget_bytes, int(peak()) if callable(peak) else 0)
         self.audio: dict[str, RequestAudio] = {}
         self._emitting = True
 
@@ -241,8 +284,10 @@ class AudioPipeline:
         for rid in request_ids:
             stream = other._streams.pop(rid, None)
             if stream is not None:
+                other.budget.release(rid)
                 self._drop_stream(rid)
                 self._streams[rid] = stream
+                self.budget.add(rid)
                 self._partition_of[rid] = partition
 
     def fold_state(self, partition: int) -> FoldState:
@@ -274,6 +319,7 @@ class AudioPipeline:
             while self.open_streams() > keep and state.open:
                 rid = next(iter(state.open))
                 self._evict(state, rid, RejectReason.EVICTED, "open-stream cap reached", out)
+                out.evictions[EVICTED_BY_CAP] = out.evictions.get(EVICTED_BY_CAP, 0) + 1
 
     def report(self) -> dict[str, Any]:
         """The fold report so far; with audio accounting, per-request audio too."""
@@ -399,13 +445,20 @@ class AudioPipeline:
         out.windows += len(batch)
         if self.engine is None:
             return
+        batch = self._admit(batch, pending, out)
+        if not batch:
+            return
         streams = [self._stream_for(w.decode) for w in batch]
         items: list[tuple[Any, Sequence[int], bool]] = [
             (s.state, w.decode.codes, w.decode.final) for s, w in zip(streams, batch, strict=True)
         ]
         started = time.perf_counter()
+        before = _model_calls(self.engine)
         results = self._decode_isolated(items)
         out.decode_s += time.perf_counter() - started
+        after = _model_calls(self.engine)
+        out.flow_calls += after[0] - before[0]
+        out.hift_calls += after[1] - before[1]
         out.decode_calls += 1
         out.batch_sizes.append(len(batch))
         for window, stream, result in zip(batch, streams, results, strict=True):
@@ -413,6 +466,54 @@ class AudioPipeline:
                 self._vocoder_failed(window, result, pending, out)
             else:
                 self._emit(window, stream, result, out)
+
+    def _admit(
+        self, batch: list[_Window], pending: dict[str, list[_Window | Outcome]], out: StepOutput
+    ) -> list[_Window]:
+        """Make room in the state budget for the round's new streams (the rule is in
+        consumers.state_budget); returns the windows that may be decoded. A rebuild (emit
+        False) admits every stream: it only restores what was open, and the next emitting
+        step's admissions evict as needed."""
+        if not self._emitting or self.budget.limit_bytes is None:
+            return batch
+        busy = {w.decode.request_id for w in batch}
+        kept: list[_Window] = []
+        for window in batch:
+            rid = window.decode.request_id
+            stream = self._streams.get(rid)
+            if stream is not None and stream.cache_epoch == window.decode.cache_epoch:
+                kept.append(window)
+                continue
+            admission = self.budget.admit(rid, busy)
+            for victim in admission.evict:
+                self._budget_evict(victim, "evicted to admit a new stream", pending, out)
+            if admission.admitted:
+                kept.append(window)
+                self.budget.add(rid)  # charged now: the next new stream of the round sees it
+            else:
+                self._budget_evict(
+                    rid, "every open stream is decoding in this round", pending, out, window
+                )
+        return kept
+
+    def _budget_evict(
+        self,
+        rid: str,
+        why: str,
+        pending: dict[str, list[_Window | Outcome]],
+        out: StepOutput,
+        window: _Window | None = None,
+    ) -> None:
+        pending.pop(rid, None)  # the fold evicts the stream: its later windows cannot run
+        state = self.fold_state(self._partition_of.get(rid, 0))
+        budget = self.budget
+        message = (
+            f"state budget {budget.limit_bytes} bytes ({budget.stream_bytes} per stream): {why}"
+        )
+        record = window.record if window is not None else None
+        decode = window.decode if window is not None else None
+        self._evict(state, rid, RejectReason.EVICTED, message, out, record, decode)
+        out.evictions[EVICTED_BY_BUDGET] = out.evictions.get(EVICTED_BY_BUDGET, 0) + 1
 
     def _decode_isolated(
         self, items: list[tuple[Any, Sequence[int], bool]]
@@ -440,10 +541,12 @@ class AudioPipeline:
             self._drop_stream(rid)
             state = self.engine.setup(seed=stream_seed(rid, decode.cache_epoch))
             stream = self._streams[rid] = _Stream(decode.cache_epoch, state)
+            self.budget.add(rid)
         return stream
 
     def _drop_stream(self, rid: str) -> None:
         stream = self._streams.pop(rid, None)
+        self.budget.release(rid)
         if stream is not None and self.engine is not None:
             self.engine.release(stream.state)
 
@@ -452,6 +555,7 @@ class AudioPipeline:
     ) -> None:
         samples, new_state = result
         stream.state = new_state
+        self.budget.touch(window.decode.request_id)
         pcm = pcm_s16le(samples)
         decode = window.decode
         chunk = AudioChunk(
@@ -564,6 +668,12 @@ class AudioPipeline:
             raw_value_size=len(value),
             raw_value_sha256=hashlib.sha256(value).hexdigest(),
         )
+
+
+def _model_calls(engine: Any) -> tuple[int, int]:
+    """(flow, HiFT) calls the engine made so far (Code2WavEngine.calls); (0, 0) if untracked."""
+    calls = getattr(engine, "calls", None)
+    return (int(getattr(calls, "flow", 0)), int(getattr(calls, "hift", 0)))
 
 
 def _cut(text: str, limit: int) -> str:

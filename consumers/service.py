@@ -83,6 +83,8 @@ class VocodeConfig:
     max_batch: int = 64  # windows per decode_batch call
     poll_timeout_s: float = 0.05
     max_open_streams: int = 1024  # cap; the least recently opened stream is evicted beyond it
+    # bytes of vocoder state open streams may hold (consumers.state_budget); None: unbounded
+    state_budget_bytes: int | None = None
     transaction_timeout_ms: int = 60_000
     max_poll_interval_ms: int = 300_000
     exit_when_idle_s: float | None = None  # tests and the demo: stop after this long idle
@@ -322,6 +324,7 @@ class VocoderService:
             max_batch=self.config.max_batch,
             producer_id=self.config.transactional_id,
             dead_letter_raw_limit=self._dead_letter_limit,
+            state_budget_bytes=self.config.state_budget_bytes,
         )
         return AudioPipeline(pipeline_config, self.engine, self._clock_ms)
 
@@ -451,6 +454,8 @@ class VocoderService:
             tx.produce(self.topics.progress, key, wire.encode(checkpoint), partition)
         tx.send_offsets(positions, self._consumer.consumer_group_metadata())
         self.metrics.open_streams.set(self.pipeline.open_streams())
+        for cause, count in out.evictions.items():
+            self.metrics.evictions.labels(cause=cause).inc(count)
         tx.commit_in_background(lambda: self._committed_step(out, started))
         return out
 
@@ -545,6 +550,9 @@ class VocoderService:
         for size in out.batch_sizes:
             m.batch_size.observe(size)
         m.decode_seconds.observe(out.decode_s)
+        if out.decode_calls:
+            m.flow_calls.observe(out.flow_calls)
+            m.hift_calls.observe(out.hift_calls)
         audio_s = sum(len(c.pcm_s16le) // 2 for c in out.audio) / SAMPLE_RATE_HZ
         if audio_s > 0:
             m.rtf.set(out.decode_s / audio_s)

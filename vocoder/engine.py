@@ -39,6 +39,12 @@ same bytes. On
 CUDA the default is a real batched HiFT call; results then depend on the batch composition (see
 token2wav.md 4.4) and are reproducible for the same stack and batch membership only.
 
+Ragged batching (`batching="ragged"`, opt-in; docs/vocoder.md "Ragged batching"): every
+window of the call in one flow call and one HiFT call per final flag, padded and masked
+(vocoder.flow.ragged, vocoder.hift_ragged); each row within a measured bound of its solo decode,
+not bytewise, so the determinism domain carries ":ragged". `engine.calls` counts flow and HiFT
+calls (vocoder.mixed_batch.decode_calls gives one step's count).
+
 Failures: every item is validated before any compute (`WindowRejectedError`, a
 `VocoderInputError` with the item index and a stable `reason`). The flow's own checks (prompt
 plus cache over its table capacity: `flow_refused`) run when its group is reached, still before
@@ -55,8 +61,6 @@ import contextlib
 import dataclasses
 import enum
 import itertools
-import json
-import struct
 from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -74,17 +78,18 @@ from codeclog.vocoder.determinism import (
     window_seed,
 )
 from codeclog.vocoder.domain import determinism_domain
-from codeclog.vocoder.errors import StreamStateError, VocoderConfigError, VocoderInputError
-from codeclog.vocoder.flow import FlowState, FlowStateError, Token2WavFlow
+from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
+from codeclog.vocoder.flow import FlowState, Token2WavFlow
+from codeclog.vocoder.flow.ragged import decode_ragged
 from codeclog.vocoder.hift import HiftCache, HiFTGenerator, fuse_weight_norm, stream_step
+from codeclog.vocoder.hift_ragged import stream_step_ragged
 from codeclog.vocoder.kernels import Kernels, kernel_scope
 from codeclog.vocoder.shared import pcm_s16le
+from codeclog.vocoder.stream_state import StreamState
 from codeclog.vocoder.voice import Voice, default_voice
 
 __all__ = [
     "Code2WavEngine",
-    "StreamState",
-    "StreamStateError",
     "VocoderInputError",
     "Voice",
     "WindowRejectReason",
@@ -96,8 +101,16 @@ __all__ = [
 
 SAMPLE_RATE_HZ = 24000
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# exact: equal-shape groups, every row byte-identical to its solo decode (the default);
+# ragged: one flow and one HiFT call per final flag, rows within a measured bound of solo
+BATCHING = ("exact", "ragged")
 MAX_CPU_WORKERS = 4  # decode workers by default on CPU (see default_workers)
 PROMPT_CACHE_SIZE = 8  # voices whose prompt state is kept (each is ~1 MB per prompt frame, full)
+# The open-stream state budget (consumers.state_budget): on CUDA this share of the device memory
+# free after the weights loaded (the rest is a decode batch's working memory and the allocator's
+# slack); on the CPU a constant (about 40 full-size streams of 195.9 MB, or ~800k tiny ones).
+CUDA_STATE_BUDGET_SHARE = 0.6
+CPU_STATE_BUDGET_BYTES = 8 * 1024**3
 
 
 class WindowRejectReason(enum.Enum):
@@ -132,129 +145,23 @@ class WindowRejectedError(VocoderInputError):
 
 
 # ---------------------------------------------------------------------------------------------
-# Per-request state
-
-_MAGIC = b"CCSTREAM"
-_FORMAT_VERSION = 1
-_HEADER = struct.Struct("<8sHII")  # magic, version, JSON header length, flow blob length
-_HIFT_FIELDS = ("hift_mel", "hift_source", "hift_speech")
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class StreamState:
-    """Everything one (request, epoch) stream carries from a window to the next."""
-
-    flow: FlowState  # flow caches (conformer + DiT), speaker vector, prompt length
-    hift_mel: Tensor  # (80, M<=8) mel frames re-vocoded with the next window
-    hift_source: Tensor  # (M*480,) NSF excitation of those frames
-    hift_speech: Tensor  # (M*480,) held-back samples, cross-faded with the next window
-    seed: int  # the stream seed (see stream_seed); HiFT noise derives from it per window
-    window_index: int  # windows decoded so far
-    samples_emitted: int  # samples returned so far (the sample offset of the next audio)
-    voice_id: str  # the voice whose prompt state the stream started from
-
-    @property
-    def finished(self) -> bool:
-        """The final window was decoded; the stream cannot continue."""
-        return bool(self.flow.finished)
-
-    @property
-    def held_samples(self) -> int:
-        return int(self.hift_speech.shape[0])
-
-    @property
-    def nbytes(self) -> int:
-        hift = sum(int(getattr(self, name).nbytes) for name in _HIFT_FIELDS)
-        return int(self.flow.nbytes) + hift
-
-    def hift_cache(self) -> HiftCache:
-        return HiftCache(self.hift_mel, self.hift_source, self.hift_speech)
-
-    def signature(self) -> Hashable:
-        """States with equal signatures (and equal windows) run in one batch."""
-        return (self.flow.shape_signature(), self.hift_cache().signature())
-
-    def to(self, device: torch.device | str) -> StreamState:
-        moved = {name: getattr(self, name).to(device) for name in _HIFT_FIELDS}
-        return dataclasses.replace(self, flow=self.flow.to(device), **moved)
-
-    def to_bytes(self) -> bytes:
-        """Exact, self-describing bytes: header, HiFT tensors, then FlowState.to_bytes()."""
-        blobs = [_raw(getattr(self, name)) for name in _HIFT_FIELDS]
-        header = {
-            "seed": self.seed,
-            "window_index": self.window_index,
-            "samples_emitted": self.samples_emitted,
-            "voice_id": self.voice_id,
-            "tensors": [
-                _spec(getattr(self, n), len(b)) for n, b in zip(_HIFT_FIELDS, blobs, strict=True)
-            ],
-        }
-        encoded = json.dumps(header, sort_keys=True).encode()
-        flow = self.flow.to_bytes()
-        head = _HEADER.pack(_MAGIC, _FORMAT_VERSION, len(encoded), len(flow))
-        return b"".join([head, encoded, *blobs, flow])
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> StreamState:
-        """The inverse of to_bytes; tensors land on the CPU (the engine moves them).
-        Raises StreamStateError for bytes that are not an intact stream state."""
-        try:
-            return cls._parse(data)
-        except (KeyError, TypeError, ValueError, RuntimeError, struct.error) as exc:
-            raise StreamStateError(f"stream state bytes are corrupt: {exc}") from exc
-        except FlowStateError as exc:
-            raise StreamStateError(f"stream state bytes: {exc}") from exc
-
-    @classmethod
-    def _parse(cls, data: bytes) -> StreamState:
-        magic, version, header_len, flow_len = _HEADER.unpack_from(data)
-        if magic != _MAGIC or version != _FORMAT_VERSION:
-            raise StreamStateError("stream state bytes: not a codeclog stream state v1")
-        start = _HEADER.size
-        header = json.loads(data[start : start + header_len])
-        position = start + header_len
-        tensors: dict[str, Tensor] = {}
-        for name, spec in zip(_HIFT_FIELDS, header["tensors"], strict=True):
-            size = int(spec["nbytes"])
-            tensors[name] = _unraw(data[position : position + size], spec)
-            position += size
-        if len(data) - position != flow_len:
-            raise StreamStateError("stream state bytes: truncated")
-        return cls(
-            flow=FlowState.from_bytes(data[position:]),
-            seed=int(header["seed"]),
-            window_index=int(header["window_index"]),
-            samples_emitted=int(header["samples_emitted"]),
-            voice_id=str(header["voice_id"]),
-            **tensors,
-        )
-
-
-def _raw(tensor: Tensor) -> bytes:
-    if tensor.numel() == 0:  # an empty view may carry stride 0, which .view(uint8) refuses
-        return b""
-    return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def _spec(tensor: Tensor, nbytes: int) -> dict[str, object]:
-    dtype = str(tensor.dtype).removeprefix("torch.")
-    return {"dtype": dtype, "shape": list(tensor.shape), "nbytes": nbytes}
-
-
-def _unraw(blob: bytes, spec: dict[str, object]) -> Tensor:
-    dtype = getattr(torch, str(spec["dtype"]), None)
-    if not isinstance(dtype, torch.dtype) or len(blob) != int(str(spec["nbytes"])):
-        raise StreamStateError("stream state bytes: corrupt tensor table")
-    shape = [int(n) for n in spec["shape"]]  # type: ignore[attr-defined]
-    raw = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0)
-    return raw.to(torch.uint8).view(dtype).reshape(shape)
-
-
-# ---------------------------------------------------------------------------------------------
 # The engine
 
 DecodeItem = tuple[StreamState, Sequence[int], bool]
+
+
+@dataclasses.dataclass
+class DecodeCalls:
+    """Model calls an engine made: `flow` (conformer + CFM solve) and `hift` (vocoder)."""
+
+    flow: int = 0
+    hift: int = 0
+
+    def since(self, before: DecodeCalls) -> DecodeCalls:
+        return DecodeCalls(self.flow - before.flow, self.hift - before.hift)
+
+    def copy(self) -> DecodeCalls:
+        return DecodeCalls(self.flow, self.hift)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,9 +192,16 @@ class Code2WavEngine:
         voice: Voice | None = None,
         spec: str = "custom",
         kernels: str | Kernels | None = None,
+        batching: str = "exact",
     ) -> None:
         if dtype not in DTYPES:
             raise VocoderConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if batching not in BATCHING:
+            raise VocoderConfigError(
+                f"batching must be one of {', '.join(BATCHING)}, got {batching!r}"
+            )
+        self.batching = batching
+        self.calls = DecodeCalls()  # flow and HiFT calls so far (a step's count: the delta)
         self.device = torch.device(device)
         self.kernels = default_kernels(self.device) if kernels is None else Kernels.parse(kernels)
         if self.kernels is Kernels.PORTABLE and self.device.type != "cpu":
@@ -312,10 +226,24 @@ class Code2WavEngine:
             self.flow.fill_buffers()
             self.default_voice = voice if voice is not None else default_voice(flow.config)
         self.domain = determinism_domain(self.device, self.kernels, self.determinism)
+        if batching == "ragged":  # a row's bytes then depend on its batch mates' shapes
+            self.domain += ":ragged"
         self._prompts: collections.OrderedDict[tuple[str, str], FlowState] = (
             collections.OrderedDict()
         )
         self.prompt_setups = 0  # prepare_prompt runs so far (the prompt cache's misses)
+        self.free_bytes_at_start = _free_device_bytes(self.device)
+
+    @property
+    def lookahead_frames(self) -> int:
+        """Right-context ids a non-final window carries (the flow's pre_lookahead_len); the
+        fold's FoldConfig.lookahead_frames must equal it (consumers.pipeline checks)."""
+        return int(self.flow_config.pre_lookahead_len)
+
+    @property
+    def vocab_size(self) -> int:
+        """Codec ids this engine accepts are 0 .. vocab_size - 1."""
+        return int(self.flow_config.vocab_size)
 
     def scope(self) -> contextlib.AbstractContextManager[None]:
         """The engine's kernels for the calling thread (see vocoder.kernels)."""
@@ -332,9 +260,16 @@ class Code2WavEngine:
         threads: int | None = None,
         workers: int | None = None,
         kernels: str | Kernels | None = None,
+        batching: str = "exact",
     ) -> Code2WavEngine:
         """Spec "tiny" = the committed tiny fixture; anything else = a checkpoint directory."""
-        options = {"device": device, "dtype": dtype, "threads": threads, "workers": workers}
+        options = {
+            "device": device,
+            "dtype": dtype,
+            "threads": threads,
+            "workers": workers,
+            "batching": batching,
+        }
         if spec == "tiny":
             return cls.tiny(**options, kernels=kernels)  # type: ignore[arg-type]
         return cls.load(spec, **options, kernels=kernels)  # type: ignore[arg-type]
@@ -347,6 +282,7 @@ class Code2WavEngine:
         threads: int | None = None,
         workers: int | None = None,
         kernels: str | Kernels | None = None,
+        batching: str = "exact",
     ) -> Code2WavEngine:
         flow, hift = load_fixture()
         return cls(
@@ -358,6 +294,7 @@ class Code2WavEngine:
             workers=workers,
             spec="tiny",
             kernels=kernels,
+            batching=batching,
         )
 
     @classmethod
@@ -369,6 +306,7 @@ class Code2WavEngine:
         threads: int | None = None,
         workers: int | None = None,
         kernels: str | Kernels | None = None,
+        batching: str = "exact",
     ) -> Code2WavEngine:
         """A published checkpoint directory (flow.yaml, flow.pt, hift.pt; see checkpoint.py).
         Streams use the default voice (prompt extraction from ONNX models is not built)."""
@@ -384,6 +322,7 @@ class Code2WavEngine:
             workers=workers,
             spec=spec,
             kernels=kernels,
+            batching=batching,
         )
 
     def describe(self) -> dict[str, object]:
@@ -393,6 +332,7 @@ class Code2WavEngine:
             "device": str(self.device),
             "dtype": self.dtype,
             "batch_invariant": self.batch_invariant,
+            "batching": self.batching,
             "workers": self.workers,
             "sample_rate_hz": self.sample_rate_hz,
             "determinism": self.determinism.to_dict(),
@@ -436,6 +376,30 @@ class Code2WavEngine:
             self._prompts.popitem(last=False)
         return state
 
+    def peak_state_bytes(self, voice: Voice | None = None) -> int:
+        """The most bytes one stream's state of `voice` ever holds between windows: both
+        attention caches at prompt + att_keep_frames frames (they are trimmed back to that
+        after every window) and full HiFT caches. A stream reaches it within a few windows,
+        so a memory budget charges every open stream this much (consumers.state_budget)."""
+        flow = self.setup(voice).flow
+        frames = max(flow.noise_offset, flow.prompt_frames + self.flow_config.att_keep_frames)
+        fixed = flow.conformer_cnn_cache, flow.estimator_cnn_cache, flow.spk
+        per_frame = sum(
+            tensor.nbytes // max(1, tensor.shape[axis])
+            for tensor, axis in ((flow.conformer_att_cache, 2), (flow.estimator_att_cache, 4))
+        )
+        hift = self.hift_config
+        hift_values = hift.in_channels * hift.mel_cache_frames + 2 * hift.cache_samples
+        return sum(int(t.nbytes) for t in fixed) + frames * per_frame + 4 * hift_values
+
+    def default_state_budget_bytes(self) -> int:
+        """The default memory budget of open stream states: on CUDA a share of the device
+        memory that was free when the engine had loaded its weights (the rest is left to a
+        decode batch's working memory); on the CPU a configured constant."""
+        if self.device.type == "cuda" and self.free_bytes_at_start is not None:
+            return int(self.free_bytes_at_start * CUDA_STATE_BUDGET_SHARE)
+        return CPU_STATE_BUDGET_BYTES
+
     def release(self, state: StreamState) -> None:
         """The stream is over. A StreamState owns its tensors (the shared prompt state is
         read-only and cached per voice), so there is nothing to free here beyond dropping the
@@ -452,8 +416,11 @@ class Code2WavEngine:
         see the module doc for grouping, exactness and the sample-count rules."""
         windows = [self._validate(index, item) for index, item in enumerate(items)]
         results: list[tuple[np.ndarray, StreamState] | None] = [None] * len(windows)
-        for group in self._groups(windows):
-            for window, result in zip(group, self._decode_group(group), strict=True):
+        ragged = self.batching == "ragged"
+        groups = _final_groups(windows) if ragged else self._groups(windows)
+        for group in groups:
+            decoded = self._decode_ragged(group) if ragged else self._decode_group(group)
+            for window, result in zip(group, decoded, strict=True):
                 results[window.index] = result
         return [result for result in results if result is not None]
 
@@ -509,10 +476,39 @@ class Code2WavEngine:
         decode is batch-invariant (then a slice's rows get exactly the bytes of the whole
         group's: this is how a CPU batch uses more than one core without losing exactness)."""
         slices = _split(group, self.workers if self.batch_invariant else 1)
+        self.calls.flow += len(slices)
+        self.calls.hift += len(group) if self.batch_invariant else len(slices)
         if len(slices) == 1:
             return self._decode_slice(group, group)
         futures = [self._workers().submit(self._decode_slice, group, part) for part in slices]
         return [result for future in futures for result in future.result()]
+
+    def _decode_ragged(self, group: Sequence[_Window]) -> list[tuple[np.ndarray, StreamState]]:
+        """Every window of one final flag in one flow and one HiFT call (vocoder.flow.ragged,
+        vocoder.hift_ragged): rows within the documented bound of their solo decode."""
+        final = group[0].final
+        states = [w.state.flow for w in group]
+        windows = [w.ids for w in group]
+        refused = self.flow.check_ragged(states, windows, final)
+        if refused:
+            index, message = refused
+            raise WindowRejectedError(group[index].index, WindowRejectReason.FLOW_REFUSED, message)
+        self.calls.flow += 1
+        self.calls.hift += 1
+        with self.scope(), torch.inference_mode():
+            mels, flow_states = decode_ragged(self.flow, states, windows, final)
+            seeds = [window_seed(w.state.seed, w.state.window_index) for w in group]
+            caches = [w.state.hift_cache() for w in group]
+            step = stream_step_ragged(
+                self.hift, caches, [m.to(torch.float32) for m in mels], final, seeds
+            )
+        audio = [a.to("cpu").numpy().astype(np.float32, copy=False) for a in step.audio]
+        return [
+            _advance(w.state, flow_state, cache, samples)
+            for w, flow_state, cache, samples in zip(
+                group, flow_states, step.caches, audio, strict=True
+            )
+        ]
 
     def _workers(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -566,6 +562,14 @@ class Code2WavEngine:
         return [a.to("cpu").numpy().astype(np.float32, copy=False) for a in audio], new_caches
 
 
+def _free_device_bytes(device: torch.device) -> int | None:
+    """Free memory of a CUDA device now (None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
 def default_kernels(device: torch.device) -> Kernels:
     """Native: the portable kernels cost more than 2x the native RTF on CPU (BENCHMARKS.md,
     "Determinism"), so they are chosen explicitly (`--kernels portable`, and replay's and
@@ -580,6 +584,12 @@ def default_workers(device: torch.device) -> int:
     if device.type != "cpu":
         return 1
     return one_per_core(MAX_CPU_WORKERS)
+
+
+def _final_groups(windows: Sequence[_Window]) -> list[list[_Window]]:
+    """The ragged path's groups: non-final windows, then final ones (at most two)."""
+    groups = [[w for w in windows if not w.final], [w for w in windows if w.final]]
+    return [group for group in groups if group]
 
 
 def _split(items: Sequence[_Window], parts: int) -> list[Sequence[_Window]]:

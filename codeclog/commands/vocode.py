@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from codeclog.config import add_kafka_args, kafka_client_config, topics_config
 from codeclog.consumers.fold.machine import Policy
@@ -63,6 +64,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "about 5x the native decode time on the tiny model)",
     )
     parser.add_argument(
+        "--batching",
+        choices=("exact", "ragged"),
+        default="exact",
+        help="exact (default: windows of equal shape share a call, every row gets exactly "
+        "the bytes of its solo decode) or ragged (all windows of a step in one flow and one "
+        "HiFT call per final flag, padded and masked: fewer calls on a GPU, rows within a "
+        "measured bound of solo decoding, see docs/vocoder.md)",
+    )
+    parser.add_argument(
         "--decode-workers",
         type=int,
         default=None,
@@ -79,6 +89,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--max-records", type=int, default=64, help="records per step")
     parser.add_argument("--max-open-streams", type=int, default=1024, help="open-stream cap")
+    parser.add_argument(
+        "--state-budget-mb",
+        type=float,
+        default=None,
+        metavar="MB",
+        help="memory for open streams' vocoder state, in MB (10^6 bytes); every open stream "
+        "is charged its state's peak size (195.9 MB full size) and a new stream that does "
+        "not fit evicts the least recently used idle one (dead letter 'evicted'). Default: "
+        "60%% of the device's free memory after the model loaded on CUDA, 8 GiB on the CPU",
+    )
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus port")
     parser.add_argument(
         "--exit-when-idle",
@@ -118,6 +138,8 @@ def _refused(args: argparse.Namespace) -> str | None:
         return "--instance-id must not be empty"
     if args.max_records < 1 or args.max_open_streams < 1:
         return "--max-records and --max-open-streams must be >= 1"
+    if args.state_budget_mb is not None and not args.state_budget_mb > 0:
+        return "--state-budget-mb must be > 0"
     if args.decode_workers is not None and args.decode_workers < 1:
         return "--decode-workers must be >= 1"
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
@@ -125,6 +147,22 @@ def _refused(args: argparse.Namespace) -> str | None:
     if not args.outage_timeout > 0 or not args.stop_timeout > 0:
         return "--outage-timeout and --stop-timeout must be > 0"
     return None
+
+
+def _state_budget_bytes(args: argparse.Namespace, engine: Any) -> int:
+    """--state-budget-mb, or the engine's default; logged with what it holds."""
+    if args.state_budget_mb is not None:
+        budget = int(args.state_budget_mb * 1_000_000)
+    else:
+        budget = int(engine.default_state_budget_bytes())
+    per_stream = int(engine.peak_state_bytes())
+    logging.getLogger("codeclog.vocode").debug(
+        "state budget %.1f MB: %d open streams of %.1f MB",
+        budget / 1e6,
+        budget // max(1, per_stream),
+        per_stream / 1e6,
+    )
+    return budget
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,7 +191,9 @@ def run(args: argparse.Namespace) -> int:
     except CodeclogError as exc:
         print(f"codeclog vocode: {exc}", file=sys.stderr)
         return exit_code(exc)
+    from codeclog.consumers.fold.machine import FoldConfig
     from codeclog.consumers.metrics import VocoderMetrics
+    from codeclog.consumers.pipeline import check_engine_fits
     from codeclog.consumers.service import VocodeConfig, VocoderService
     from codeclog.vocoder.engine import Code2WavEngine
 
@@ -169,8 +209,13 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         engine = Code2WavEngine.from_spec(
-            args.vocoder, device=args.device, workers=args.decode_workers, kernels=args.kernels
+            args.vocoder,
+            device=args.device,
+            workers=args.decode_workers,
+            kernels=args.kernels,
+            batching=args.batching,
         )
+        check_engine_fits(FoldConfig(policy=Policy(args.policy)), engine)
     except Exception as exc:  # any load failure is reported in one sentence
         print(f"codeclog vocode: cannot load vocoder {args.vocoder!r}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -181,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         max_records=args.max_records,
         max_batch=args.max_records,
         max_open_streams=args.max_open_streams,
+        state_budget_bytes=_state_budget_bytes(args, engine),
         exit_when_idle_s=args.exit_when_idle,
         outage_timeout_s=args.outage_timeout,
         stop_timeout_s=args.stop_timeout,

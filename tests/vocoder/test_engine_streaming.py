@@ -22,8 +22,6 @@ from hypothesis import strategies as st
 from codeclog.consumers.audio_compare import Bound, compare_bound
 from codeclog.vocoder.engine import (
     Code2WavEngine,
-    StreamState,
-    StreamStateError,
     VocoderInputError,
     WindowRejectedError,
     WindowRejectReason,
@@ -31,9 +29,10 @@ from codeclog.vocoder.engine import (
     pcm_s16le,
     stream_seed,
 )
-from codeclog.vocoder.errors import VocoderConfigError
+from codeclog.vocoder.errors import StreamStateError, VocoderConfigError
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows
 from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift
+from codeclog.vocoder.stream_state import StreamState
 from codeclog.vocoder.voice import Voice, default_voice
 
 pytestmark = pytest.mark.vocoder

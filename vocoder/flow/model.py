@@ -128,6 +128,25 @@ class Token2WavFlow(nn.Module):
         )
         return mel, [trim_state(state, self.config) for state in new]
 
+    def check_ragged(
+        self, states: Sequence[FlowState], windows: Sequence[Sequence[int]], last_chunk: bool
+    ) -> tuple[int, str] | None:
+        """(row, why) for the first row `vocoder.flow.ragged.decode_ragged` cannot decode, or
+        None. Rows may differ in window and cache lengths, not in prompt layout or dtype."""
+        for row, (state, window) in enumerate(zip(states, windows, strict=True)):
+            if state.finished:
+                return row, "a state cannot continue after its final window"
+            if not window or (not last_chunk and len(window) <= self.config.pre_lookahead_len):
+                return row, "a window needs at least one new id"
+            if state.spk.dtype != self.dtype:
+                return row, f"state dtype {state.spk.dtype} differs from the model's {self.dtype}"
+            fresh = self.output_frames(len(window), last_chunk)
+            try:
+                self._check_capacity(cached_frames=state.noise_offset, new_frames=fresh)
+            except FlowInputError as exc:
+                return row, str(exc)
+        return None
+
     def output_frames(self, window_tokens: int, last_chunk: bool) -> int:
         """Mel frames a window of `window_tokens` ids yields."""
         fresh = window_tokens if last_chunk else window_tokens - self.config.pre_lookahead_len

@@ -17,6 +17,12 @@ from torch import Tensor
 
 from codeclog.vocoder.flow.config import ConformerTrim, FlowConfig
 from codeclog.vocoder.flow.errors import FlowStateError
+from codeclog.vocoder.tensor_codec import (
+    TensorCodecError,
+    tensor_bytes,
+    tensor_from_bytes,
+    tensor_spec,
+)
 
 TENSOR_FIELDS = (
     "conformer_cnn_cache",
@@ -77,17 +83,12 @@ class FlowState:
     def to_bytes(self) -> bytes:
         """Exact, self-describing bytes: a JSON header, then each tensor's raw bytes in the
         machine's byte order (little-endian on x86-64 and ARM64)."""
-        blobs = [_raw_bytes(_tensor(self, name)) for name in TENSOR_FIELDS]
+        blobs = [tensor_bytes(_tensor(self, name)) for name in TENSOR_FIELDS]
         header = {
             "ints": {name: getattr(self, name) for name in INT_FIELDS},
             "finished": self.finished,
             "tensors": [
-                {
-                    "name": name,
-                    "dtype": str(_tensor(self, name).dtype).removeprefix("torch."),
-                    "shape": list(_tensor(self, name).shape),
-                    "nbytes": len(blob),
-                }
+                {"name": name, **tensor_spec(_tensor(self, name), len(blob))}
                 for name, blob in zip(TENSOR_FIELDS, blobs, strict=True)
             ],
         }
@@ -132,23 +133,11 @@ def _tensor(state: FlowState, name: str) -> Tensor:
     return value
 
 
-def _raw_bytes(tensor: Tensor) -> bytes:
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().tobytes()
-
-
 def _from_raw(blob: bytes, spec: dict[str, Any]) -> Tensor:
-    dtype = getattr(torch, str(spec["dtype"]), None)
-    if not isinstance(dtype, torch.dtype):
-        raise FlowStateError(f"flow state bytes: unknown dtype {spec['dtype']!r}")
-    shape = [int(n) for n in spec["shape"]]
-    if len(blob) != int(spec["nbytes"]):
-        raise FlowStateError("flow state bytes: truncated tensor data")
-    raw = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0)
     try:
-        return raw.to(torch.uint8).view(dtype).reshape(shape)
-    except RuntimeError as exc:
-        raise FlowStateError(f"flow state bytes: tensor {spec['name']!r} is corrupt") from exc
+        return tensor_from_bytes(blob, spec)
+    except TensorCodecError as exc:
+        raise FlowStateError(f"flow state bytes: tensor {spec['name']!r}: {exc}") from exc
 
 
 def _split_header(data: bytes) -> tuple[dict[str, Any], bytes]:
