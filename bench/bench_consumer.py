@@ -128,8 +128,9 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
     from codeclog.consumers.pipeline import StepOutput
     from codeclog.consumers.service import VocodeConfig, VocoderService
     from codeclog.lag.drain import undrained, wait_drained
-    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
+    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
     from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
+    from codeclog.producers.talker import Talker, wall_clock_ms
     from codeclog.topics import ensure_topics
     from codeclog.topics_config import TopicsConfig
 

@@ -204,8 +204,9 @@ class LagSampler(threading.Thread):
 
 
 def _talk(bootstrap: str, topics: TopicsConfig, options: DemoOptions, show: Any) -> dict[str, Any]:
-    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
+    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
     from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
+    from codeclog.producers.talker import Talker, wall_clock_ms
 
     synthetic = SyntheticConfig(
         sessions=options.sessions, seconds=options.seconds, seed=options.seed

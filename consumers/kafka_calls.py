@@ -27,6 +27,26 @@ FENCED_CODES = frozenset(
     code for name in _FENCED_NAMES if (code := getattr(KafkaError, name, None)) is not None
 )
 
+# Errors no retry repairs: the member ends with one line and exit 1 (retriable ones never end
+# it; they count towards outage_timeout_s only while nothing commits).
+_DENIED_NAMES = (
+    "TOPIC_AUTHORIZATION_FAILED",
+    "GROUP_AUTHORIZATION_FAILED",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+    "CLUSTER_AUTHORIZATION_FAILED",
+    "SASL_AUTHENTICATION_FAILED",
+    "_AUTHENTICATION",
+)
+DENIED_CODES = frozenset(
+    code for name in _DENIED_NAMES if (code := getattr(KafkaError, name, None)) is not None
+)
+# init_transactions answers worth retrying even when librdkafka does not flag them retriable
+RETRY_INIT_CODES = frozenset(
+    code
+    for name in ("CONCURRENT_TRANSACTIONS", "COORDINATOR_LOAD_IN_PROGRESS", "_TIMED_OUT")
+    if (code := getattr(KafkaError, name, None)) is not None
+)
+
 T = TypeVar("T")
 
 
@@ -74,6 +94,16 @@ def kafka_error(exc: BaseException) -> KafkaError | None:
     """The KafkaError inside a KafkaException, if there is one."""
     error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
     return error if isinstance(error, KafkaError) else None
+
+
+def raise_if_denied(exc: BaseException) -> None:
+    """InfrastructureError for an authorization or authentication failure: no retry helps."""
+    error = kafka_error(exc)
+    if error is not None and error.code() in DENIED_CODES:
+        raise InfrastructureError(
+            f"not allowed by the cluster: {one_line(exc)} (check the ACLs and credentials "
+            "of the group, its topics and its transactional id)"
+        ) from exc
 
 
 def one_line(exc: BaseException) -> str:

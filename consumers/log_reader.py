@@ -10,7 +10,12 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-from codeclog.consumers.kafka_calls import KAFKA_LOG, ClusterUnavailableError, InfrastructureError
+from codeclog.consumers.kafka_calls import (
+    DENIED_CODES,
+    KAFKA_LOG,
+    ClusterUnavailableError,
+    InfrastructureError,
+)
 from codeclog.consumers.pipeline import InputRecord, Position
 
 log = logging.getLogger("codeclog.vocode")
@@ -23,8 +28,8 @@ def input_record(message: Message) -> InputRecord | None:
     if error is not None:
         if error.code() == KafkaError._PARTITION_EOF:
             return None
-        if error.fatal():
-            raise InfrastructureError(f"consumer error: {error}")
+        if error.fatal() or error.code() in DENIED_CODES:
+            raise InfrastructureError(f"consumer error: {error.name()}: {error.str()}")
         log.warning("consumer error: %s", error)
         return None
     _, timestamp_ms = message.timestamp()

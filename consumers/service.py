@@ -43,6 +43,7 @@ from codeclog.consumers.kafka_calls import (
     StuckCallError,
     bounded,
     one_line,
+    raise_if_denied,
 )
 from codeclog.consumers.log_reader import input_record
 from codeclog.consumers.metrics import VocoderMetrics
@@ -154,6 +155,7 @@ class VocoderService:
         self._decoding: threading.Thread | None = None  # this step's decode, while it runs
         self._void_step = False  # the assignment changed during this step's decode
         self._pending: list[InputRecord] = []  # polled while a step decoded: the next batch
+        self._paused: set[tuple[str, int]] = set()  # paused by a decode, not resumed yet
         self.stats: dict[str, int] = dict.fromkeys(
             ("records", "windows", "dead_letters", "steps", "pauses", "void_steps"), 0
         )
@@ -230,7 +232,7 @@ class VocoderService:
     def _start(self) -> None:
         self._check_cluster()
         try:
-            self.transactions.start()
+            self.transactions.start(self.config.outage_timeout_s, self._stop)
         except (KafkaException, StuckCallError) as exc:
             raise InfrastructureError(
                 f"cannot initialise transactions on the cluster at {self.bootstrap}: "
@@ -385,6 +387,7 @@ class VocoderService:
             records, self._pending = self._pending, []
             return records
         assert self._consumer is not None
+        self._resume_paused()
         try:
             messages = self._fetched(self._consumer)
         except KafkaException as exc:
@@ -514,6 +517,7 @@ class VocoderService:
                 if not paused:
                     paused = consumer.assignment()
                     consumer.pause(paused)
+                    self._paused.update((tp.topic, tp.partition) for tp in paused)
                     self.stats["pauses"] += 1
                     self.metrics.pauses.inc()
                     self.metrics.paused_partitions.set(len(paused))
@@ -524,9 +528,24 @@ class VocoderService:
             raise InfrastructureError(f"consume failed: {exc}") from exc
         finally:
             if paused:
-                ours = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-                consumer.resume([tp for tp in paused if (tp.topic, tp.partition) in ours])
+                self._resume_paused()
                 self.metrics.paused_partitions.set(0)
+
+    def _resume_paused(self) -> None:
+        """Resume every partition a decode paused that is ours now. librdkafka keeps a
+        partition's pause across its revocation and re-assignment, so one revoked or lost while
+        paused and given back later stayed paused for good: no records, no error (the stall
+        after a leader's SIGKILL, when the member's session expired during a decode). Those
+        stay here until they are ours again (`_poll` resumes them)."""
+        if not self._paused:
+            return
+        assert self._consumer is not None
+        ours = [
+            tp for tp in self._consumer.assignment() if (tp.topic, tp.partition) in self._paused
+        ]
+        if ours:
+            self._consumer.resume(ours)
+            self._paused.difference_update((tp.topic, tp.partition) for tp in ours)
 
     def _settle(self) -> None:
         """Wait for the commit in flight and handle its failure (before rebalances, idle checks
@@ -576,7 +595,9 @@ class VocoderService:
 
     def _rebuild_after(self, exc: BaseException) -> None:
         """Rewind to the committed offsets, retrying while the cluster does not answer, until
-        outage_timeout_s after the first failure (then InfrastructureError: exit 1)."""
+        outage_timeout_s after the first failure (then InfrastructureError: exit 1); an
+        authorization or authentication failure ends the member at once."""
+        raise_if_denied(exc)
         self._note_failure(exc)
         while True:
             try:
@@ -586,6 +607,7 @@ class VocoderService:
             except (KafkaException, StuckCallError, ClusterUnavailableError) as again:
                 if isinstance(again, StuckCallError):
                     self.transactions.wedged = True
+                raise_if_denied(again)
                 log.warning("recovery failed (%s): retrying", one_line(again))
                 self._note_failure(again)
                 if self._stop.wait(RETRY_PAUSE_S):

@@ -30,17 +30,20 @@ from codeclog.consumers import kafka_calls
 from codeclog.consumers.kafka_calls import (
     FENCED_CODES,
     KAFKA_LOG,
+    RETRY_INIT_CODES,
     InfrastructureError,
     StuckCallError,
     bounded,
     kafka_error,
     one_line,
+    raise_if_denied,
 )
 from codeclog.consumers.metrics import VocoderMetrics
 
 log = logging.getLogger("codeclog.vocode")
 
 TransactionError = KafkaException | StuckCallError
+RETRY_PAUSE_S = 1.0  # between two init_transactions attempts at start
 
 
 class Transactions:
@@ -80,10 +83,30 @@ class Transactions:
 
     # -- the producer ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """A new transactional producer, initialised (fences a previous incarnation)."""
+    def start(self, retry_for_s: float, stop: threading.Event) -> None:
+        """A new transactional producer, initialised (fences a previous incarnation). A
+        retriable answer (the coordinator moving; the previous instance's open transaction still
+        being aborted: CONCURRENT_TRANSACTIONS, seen after a member's SIGKILL during a leader
+        failover) is retried for `retry_for_s`, or until `stop` is set."""
         self.producer = Producer(self._producer_config())
-        self._init()
+        self._needs_init = True
+        self.init_with_retry(retry_for_s, stop)
+
+    def init_with_retry(self, retry_for_s: float, stop: threading.Event) -> None:
+        """init_transactions on the producer, retrying retriable answers (see `start`)."""
+        deadline = time.monotonic() + retry_for_s
+        while True:
+            try:
+                self._init()
+                return
+            except KafkaException as exc:
+                error = kafka_error(exc)
+                retriable = error is not None and (
+                    not error.fatal() and (error.retriable() or error.code() in RETRY_INIT_CODES)
+                )
+                if not retriable or time.monotonic() > deadline or stop.wait(RETRY_PAUSE_S):
+                    raise
+                log.warning("init_transactions: %s: retrying", one_line(exc))
 
     def ensure_producer(self, reason: str = "") -> None:
         """Replace a wedged producer (same transactional id: init_transactions fences the
@@ -221,6 +244,7 @@ class Transactions:
                 f"fenced: another member uses the transactional id "
                 f"{self.transactional_id!r} ({one_line(exc)})"
             ) from exc
+        raise_if_denied(exc)
         if error is not None and error.fatal():
             log.warning("fatal producer error (%s): replacing the producer, rewinding", error)
             self.wedged = True
@@ -238,8 +262,8 @@ class Transactions:
     def abort_quietly(self) -> None:
         """Abort the open transaction; a producer that cannot abort is replaced later."""
         producer = self.producer
-        if producer is None or self.wedged:
-            return
+        if producer is None or self.wedged or self._needs_init:
+            return  # nothing to abort on a producer without transactions yet
         timeout = self.closing_timeout_s or self.kafka_timeout_s
         try:
             bounded("abort_transaction", lambda: producer.abort_transaction(timeout), timeout)

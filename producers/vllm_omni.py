@@ -7,8 +7,16 @@ vllm-omni"). It windows the talker's codec ids exactly as the upstream producer 
 goes over the in-process connector, Code2Wav (`codeclog vocode`) reads Kafka.
 
 The failure rule: the hook never raises (the upstream adapter would log and silently drop the
-chunk). A chunk that cannot be published or delivered counts as a failure of its request:
-logged, counted in `failures_by_request`, and kept in the publisher's `failures`.
+chunk). A chunk that cannot be published or delivered (the publisher's bounded queue and its
+delivery timeout ride out a leader election or a short outage; past them each record is
+reported by request id) fails its request, never leaves a silent gap:
+
+- logged, counted in `failures_by_request` (and `failed_requests`), kept in the publisher's
+  `failures`;
+- nothing more of that request is published (its later steps are counted in `dropped_steps`);
+- an ABORT control event for it is published, so the consumer frees the stream instead of
+  waiting for chunks that will never come. It waits in the publisher's queue until the cluster
+  is back; if it cannot be delivered either, it is published again on a later step.
 
 Nothing here imports vllm or torch: tensors are read through `reshape`/`tolist`.
 """
@@ -24,10 +32,14 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from codeclog.producers.publisher import ChunkPublisher, DeliveryFailure, PublisherConfig, Talker
+from codeclog.producers.publisher import ChunkPublisher, DeliveryFailure, PublisherConfig
+from codeclog.producers.talker import Talker, wall_clock_ms
+from codeclog.schemas.records import ControlEvent, ControlKind
 
 LOGGER = logging.getLogger("codeclog.talker")
 ABORT_MARKS = ("ABORT", "CANCEL", "IGNORED", "ERROR")
+ABORT_KIND = f"control_event:{ControlKind.ABORT.value}"
+FAILED_REQUESTS_KEPT = 10_000  # failed request ids remembered (their later steps are dropped)
 
 
 def _ints(value: Any) -> list[int]:
@@ -45,23 +57,72 @@ def _one(value: Any, default: int) -> int:
 class TalkerHook:
     """The stage input processor, bound to one publisher and talker."""
 
-    def __init__(self, publisher: Any, talker: Talker | None = None) -> None:
+    def __init__(
+        self,
+        publisher: Any,
+        talker: Talker | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
         self.publisher = publisher
         self.talker = talker or Talker(publisher, producer_id=publisher.config.producer_id)
         self.failures_by_request: Counter[str] = Counter()
         self.calls = 0
+        self.dropped_steps = 0  # steps of failed requests, not published
+        self.aborts_published = 0
+        self._clock_ms = clock_ms
+        self._failed: dict[str, None] = {}  # failed request ids, oldest first (bounded)
+        self._aborts_due: dict[str, None] = {}  # ABORT records still to publish
+
+    @property
+    def failed_requests(self) -> int:
+        return len(self._failed)
 
     def record_failure(self, failure: DeliveryFailure) -> None:
         """ChunkPublisher's on_failure: an undeliverable record fails its request."""
-        self.failures_by_request[failure.request_id] += 1
+        rid = failure.request_id
+        if failure.kind == ABORT_KIND:  # the stream must still end on the log: again later
+            LOGGER.warning("abort of request %s not delivered yet: retrying", rid)
+            self._aborts_due[rid] = None
+            return
+        self.failures_by_request[rid] += 1
         LOGGER.error(
-            "chunk of request %s (epoch %s, seq %s) not delivered: %s %s",
-            failure.request_id,
+            "%s of request %s (epoch %s, seq %s) not delivered: %s %s",
+            failure.kind,
+            rid,
             failure.cache_epoch,
             failure.chunk_seq,
             failure.error_name,
             failure.error,
         )
+        self._fail_request(rid)
+
+    def _fail_request(self, rid: str) -> None:
+        if rid in self._failed:
+            return
+        LOGGER.error("request %s failed: its audio stream is aborted on the log", rid)
+        self._failed[rid] = None
+        while len(self._failed) > FAILED_REQUESTS_KEPT:
+            del self._failed[next(iter(self._failed))]
+        self._aborts_due[rid] = None
+
+    def _publish_aborts(self) -> None:
+        """The ABORT of every failed request (queued until the cluster is back)."""
+        for rid in list(self._aborts_due):
+            del self._aborts_due[rid]
+            abort = ControlEvent(
+                request_id=rid,
+                kind=ControlKind.ABORT,
+                reason="talker: records of this request could not be delivered",
+                produced_at_ms=self._clock_ms(),
+                producer_id=self.talker.producer_id,
+            )
+            try:
+                self.publisher.publish(abort)
+            except Exception as exc:  # still no room or no cluster: the next step tries again
+                LOGGER.warning("abort of failed request %s not queued yet: %s", rid, exc)
+                self._aborts_due[rid] = None
+                return
+            self.aborts_published += 1
 
     def __call__(
         self,
@@ -76,12 +137,17 @@ class TalkerHook:
             request_id = str(
                 getattr(request, "external_req_id", None) or getattr(request, "request_id", "")
             )
-            self._step(request_id, multimodal_output, request, is_finished)
+            if request_id in self._failed:
+                self.dropped_steps += 1  # the request already failed: nothing more of it
+            else:
+                self._step(request_id, multimodal_output, request, is_finished)
         except Exception as exc:  # never into the engine: the chunk fails its request instead
             self.failures_by_request[request_id] += 1
             LOGGER.error("talker step of request %s not published: %s", request_id, exc)
+            self._fail_request(request_id)
         try:
             self.publisher.poll(0)  # serve delivery reports on steps that publish nothing
+            self._publish_aborts()
         except Exception as exc:
             LOGGER.error("serving delivery reports failed: %s", exc)
         return None
@@ -112,6 +178,7 @@ class TalkerHook:
         """Drop a request's windowing state (call from the engine's request-cleanup hook)."""
         try:
             self.talker.forget(request_id)
+            self._failed.pop(request_id, None)
         except Exception as exc:
             LOGGER.error("forgetting request %s failed: %s", request_id, exc)
 

@@ -35,6 +35,8 @@ PROBES = [
     ("codeclog/consumers/_probe_cli.py", "import codeclog.commands.vocode\n", "Layers"),
     ("codeclog/schemas/_probe_up.py", "import codeclog.topics\n", "Layers"),
     ("codeclog/producers/_probe_sibling.py", "import codeclog.consumers.service\n", "Layers"),
+    # appended to an existing module (the contract names modules, not a package)
+    ("codeclog/producers/talker.py", "import confluent_kafka\n", "The talker imports no Kafka"),
 ]
 
 
@@ -64,7 +66,8 @@ def test_each_kind_of_violation_breaks_its_contract(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "codeclog", tmp_path / "codeclog", ignore=_caches)
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     for path, source, _ in PROBES:
-        (tmp_path / path).write_text(source)
+        target = tmp_path / path
+        target.write_text((target.read_text() if target.exists() else "") + source)
     result = lint_imports(tmp_path)
     assert result.returncode != 0
     report = result.stdout

@@ -17,10 +17,7 @@ from codeclog.producers.publisher import (
     ChunkPublisher,
     PublisherConfig,
     PublisherStats,
-    Talker,
-    TalkerStats,
     topic_partition_count,
-    wall_clock_ms,
 )
 from codeclog.producers.synthetic import (
     PlayResult,
@@ -31,6 +28,7 @@ from codeclog.producers.synthetic import (
     play,
     scripts,
 )
+from codeclog.producers.talker import Talker, TalkerStats, wall_clock_ms
 
 DESCRIPTION = """\
 Play N synthetic MiniCPM-o duplex talker sessions and publish their codec chunks to the chunk

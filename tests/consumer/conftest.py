@@ -40,13 +40,9 @@ class Stack:
 
     def publish_sessions(self, sessions: int, seconds: float, seed: int) -> int:
         """Synthetic duplex sessions, published as fast as possible; returns records sent."""
-        from codeclog.producers.publisher import (
-            ChunkPublisher,
-            PublisherConfig,
-            Talker,
-            wall_clock_ms,
-        )
+        from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
         from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
+        from codeclog.producers.talker import Talker, wall_clock_ms
 
         config = SyntheticConfig(sessions=sessions, seconds=seconds, seed=seed)
         publisher = ChunkPublisher(

@@ -196,8 +196,9 @@ def test_an_aborted_transaction_plays_once_speculatively_and_never_committed(sta
 def test_a_listener_started_mid_stream_catches_up_from_the_current_epoch(
     stack: Any, tiny_engine: Any
 ) -> None:
-    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
+    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
     from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
+    from codeclog.producers.talker import Talker, wall_clock_ms
 
     steps = list(merged(scripts(SyntheticConfig(sessions=6, seconds=8, seed=31))))
     publisher = ChunkPublisher(

@@ -13,6 +13,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from codeclog.consumers import kafka_calls
 from codeclog.consumers import service as service_module
+from codeclog.consumers import transaction as transaction_module
+from codeclog.consumers.log_reader import input_record
 from codeclog.consumers.pipeline import StepOutput
 from codeclog.consumers.service import (
     InfrastructureError,
@@ -161,3 +163,111 @@ def test_a_stream_rebuilt_in_another_domain_is_logged_and_counted(
     assert counter.count == 1
     assert f"request b: checkpoint domain {other}, rebuilding in domain {same}" in caplog.text
     assert "request a" not in caplog.text and "request c" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+    ],
+)
+def test_an_authorization_failure_ends_the_member(code: int) -> None:
+    service = _service()
+    denied = KafkaException(KafkaError(code, "denied", txn_requires_abort=True))
+    with pytest.raises(InfrastructureError, match="not allowed by the cluster"):
+        service.transactions.handle_error(denied)
+    with pytest.raises(InfrastructureError, match="not allowed by the cluster"):
+        service._rebuild_after(denied)  # recovery does not retry it for outage_timeout_s
+
+
+def test_a_retriable_transaction_error_is_retried_not_the_end() -> None:
+    service = _service()
+    aborted: list[bool] = []
+    transactions = service.transactions
+    transactions.abort_quietly = lambda: aborted.append(True)  # type: ignore[method-assign]
+    retriable = KafkaException(KafkaError(KafkaError._TIMED_OUT, "slow", retriable=True))
+    transactions.handle_error(retriable)
+    assert aborted == [True] and not transactions.wedged
+
+
+class _Message:
+    def __init__(self, error: KafkaError) -> None:
+        self._error = error
+
+    def error(self) -> KafkaError:
+        return self._error
+
+
+def test_consumer_errors_retriable_are_skipped_denied_end_the_member() -> None:
+    transport = _Message(KafkaError(KafkaError._TRANSPORT, "broker down", retriable=True))
+    assert input_record(transport) is None  # type: ignore[arg-type]
+    denied = _Message(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
+    with pytest.raises(InfrastructureError, match="TOPIC_AUTHORIZATION_FAILED"):
+        input_record(denied)  # type: ignore[arg-type]
+
+
+class _FailingClose:
+    """A fenced producer whose flush and close also fail."""
+
+    def flush(self, timeout: float) -> int:
+        raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+
+
+def test_a_fenced_member_prints_one_line_and_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    service = _service()
+    fenced = KafkaException(
+        KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
+    )
+
+    def start() -> None:
+        service.transactions.producer = _FailingClose()  # type: ignore[assignment]
+
+    def loop() -> int:
+        service.transactions.handle_error(fenced)
+        return 0
+
+    monkeypatch.setattr(service, "_start", start)
+    monkeypatch.setattr(service, "_loop", loop)
+    assert service.run() == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fenced" in err and "Traceback" not in err, err
+
+
+class _InitAnswers:
+    """A producer whose init_transactions answers from a script."""
+
+    def __init__(self, answers: list[KafkaError | None]) -> None:
+        self.answers = answers
+        self.calls = 0
+
+    def init_transactions(self, timeout: float) -> None:
+        self.calls += 1
+        answer = self.answers.pop(0)
+        if answer is not None:
+            raise KafkaException(answer)
+
+
+def test_init_transactions_at_start_retries_concurrent_transactions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transaction_module, "RETRY_PAUSE_S", 0.01)
+    transactions = _service().transactions
+    busy = KafkaError(KafkaError.CONCURRENT_TRANSACTIONS, "previous transaction still open")
+    producer = _InitAnswers([busy, busy, None])
+    transactions.producer = producer  # type: ignore[assignment]
+    transactions.init_with_retry(60, threading.Event())
+    assert producer.calls == 3
+
+
+def test_init_transactions_at_start_gives_up_on_a_fatal_error() -> None:
+    transactions = _service().transactions
+    denied = KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "denied", fatal=True)
+    producer = _InitAnswers([denied])
+    transactions.producer = producer  # type: ignore[assignment]
+    with pytest.raises(KafkaException):
+        transactions.init_with_retry(60, threading.Event())
+    assert producer.calls == 1

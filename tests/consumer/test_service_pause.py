@@ -167,3 +167,35 @@ def test_the_decode_runs_on_another_thread() -> None:
 
     _service(Recording(0.0), FakeConsumer([0]))._decode(["a"])
     assert seen == ["codeclog-decode"]
+
+
+def test_a_partition_lost_while_paused_is_resumed_when_it_comes_back() -> None:
+    """librdkafka keeps a partition's pause across revocation and re-assignment: one that was
+    lost while a decode had it paused must be resumed once it is ours again (else it stays
+    paused for good: the stall seen after a leader's SIGKILL)."""
+    consumer = FakeConsumer([0, 1], arriving=10)
+    service = _service(SlowPipeline(0.3), consumer, max_records=2)
+    paused_seen = threading.Event()
+
+    def lose_partition_1() -> None:  # the session expired mid-decode: assignment lost
+        consumer.owned = [TopicPartition("chunks", 0)]
+        paused_seen.set()
+
+    original_pause = consumer.pause
+
+    def pause(partitions: list[TopicPartition]) -> None:
+        original_pause(partitions)
+        consumer.on_poll = lose_partition_1
+
+    consumer.pause = pause  # type: ignore[method-assign]
+    service._decode(["a"])
+    assert paused_seen.is_set() and ("pause", [0, 1]) in consumer.calls
+    assert consumer.calls[-1] == ("resume", [0])  # partition 1 is not ours: not resumed yet
+    service._pending.clear()
+    consumer.owned = [TopicPartition("chunks", 0), TopicPartition("chunks", 1)]  # back again
+    consumer.arriving = []
+    service._poll()
+    assert ("resume", [1]) in consumer.calls
+    calls = len(consumer.calls)
+    service._poll()  # resumed once: nothing left to resume
+    assert not any(kind == "resume" for kind, _ in consumer.calls[calls:])

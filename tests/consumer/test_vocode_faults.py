@@ -83,8 +83,9 @@ def _kill_broker(broker: LocalBroker) -> None:
 
 def _talk_realtime(stack: Stack, sessions: int, seconds: float, seed: int) -> threading.Thread:
     """A live talker in the background; its deliveries outlast a broker restart."""
-    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig, Talker, wall_clock_ms
+    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
     from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
+    from codeclog.producers.talker import Talker, wall_clock_ms
 
     failures: list[int] = []
 

@@ -248,22 +248,103 @@ def test_sigkill_at_random_points_keeps_audio_exactly_once(stack: Any, tiny_engi
     assert re.search(r"rebuilt [1-9]\d* open streams", stack.logs()), "no recovery was exercised"
 
 
+REBUILT = re.compile(r"partition (\d+): restored \d+ requests, rebuilt (\d+) open streams")
+
+
+def _open_streams_written_by(stack: Any, producer_id: str) -> dict[int, set[str]]:
+    """Partition -> requests whose newest checkpoint on the progress topic is open and was
+    written by `producer_id` (the member that holds them now)."""
+    from codeclog.consumers.service import read_partitions
+
+    newest: dict[tuple[int, str], Any] = {}
+    parts = list(range(stack.topics.partitions))
+    for partition, records in read_partitions(stack.client, stack.topics.progress, parts).items():
+        for record in records:
+            if not record.value:
+                continue
+            checkpoint = wire.decode(record.value)
+            newest[(partition, checkpoint.request_id)] = checkpoint
+    out: dict[int, set[str]] = {}
+    for (partition, rid), checkpoint in newest.items():
+        if checkpoint.open and checkpoint.producer_id == producer_id:
+            out.setdefault(partition, set()).add(rid)
+    return out
+
+
+def _wait_until(condition: Any, timeout_s: float, what: str, state: Any) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = condition()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"{what} not within {timeout_s} s: {state()}"
+        time.sleep(0.5)
+
+
 def test_two_members_and_a_rebalance_mid_stream_keep_audio_exactly_once(
     stack: Any, tiny_engine: Any
 ) -> None:
+    """A partition holding open streams moves from one member to the other (the first leaves
+    with SIGTERM while a realtime talker is in the middle of its sessions): the second member
+    rebuilds those streams, and the audio stays exactly once."""
     stack.publish_sessions(sessions=6, seconds=6, seed=9)
     first = stack.vocode("a", idle_s=120)
     stack.wait_for_log(first, "state restored in", 120)
-    second = stack.vocode("b", idle_s=10)  # joins: partitions move while streams are open
+    second = stack.vocode("b", idle_s=15)  # joins: partitions move
     stack.wait_for_log(second, "state restored in", 120)
-    stack.publish_sessions(sessions=6, seconds=6, seed=10)
-    time.sleep(1.0)
-    first.send_signal(signal.SIGTERM)  # leaves mid-stream: its partitions move again
+    live = _talk_live(stack, sessions=6, seconds=12, seed=10)
+    # Wait (bounded) until the first member committed open streams of the live sessions on a
+    # partition it holds, then make it leave while they are still open.
+    holder = f"{stack.group}-a"
+    held = _wait_until(
+        lambda: _open_streams_written_by(stack, holder),
+        60,
+        "the first member committing an open stream",
+        stack.logs,
+    )
+    first.send_signal(signal.SIGTERM)  # leaves mid-stream: its partitions move to the second
     assert first.wait(120) == 0, stack.logs()
-    stack.publish_sessions(sessions=4, seconds=4, seed=11)
+    live.join(120)
+    assert not live.is_alive() and live.failures == [0], stack.logs()  # type: ignore[attr-defined]
     assert second.wait(240) == 0, stack.logs()
+    second_log = stack.log_of[second.pid].read_text(errors="replace")
+    moved = {int(p): int(n) for p, n in REBUILT.findall(second_log)}
+    assert any(moved.get(p, 0) > 0 for p in held), (
+        f"no partition with open streams moved: first member held {held}, the second rebuilt "
+        f"{moved}\n{stack.logs()}"
+    )
     report = verify(stack.client, stack.topics, tiny_engine)
     assert report.ok, (report.to_dict(), stack.logs())
+
+
+def _talk_live(stack: Any, sessions: int, seconds: float, seed: int) -> threading.Thread:
+    """A realtime talker in the background (streams stay open for `seconds`)."""
+    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
+    from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
+    from codeclog.producers.talker import Talker, wall_clock_ms
+
+    failures: list[int] = []
+
+    def talk() -> None:
+        config = PublisherConfig(topic=stack.topics.chunks, producer_id="live-talker")
+        publisher = ChunkPublisher(stack.client, config)
+        talker = Talker(publisher, producer_id="live-talker", native_duplex=True)
+        play(
+            merged(scripts(SyntheticConfig(sessions=sessions, seconds=seconds, seed=seed))),
+            talker.apply,
+            total_s=seconds,
+            realtime=True,
+            clock=time.monotonic,
+            sleep=time.sleep,
+            now_ms=wall_clock_ms,
+        )
+        publisher.close(60)
+        failures.append(publisher.stats.failed)
+
+    thread = threading.Thread(target=talk, daemon=True)
+    thread.failures = failures  # type: ignore[attr-defined]
+    thread.start()
+    return thread
 
 
 def _poison(stack: Any) -> list[tuple[bytes | None, bytes]]:
@@ -341,3 +422,20 @@ def test_strict_policy_stops_at_the_first_rejection(stack: Any, tiny_engine: Any
     service = VocoderService(stack.client, stack.topics, config, tiny_engine)
     assert service.run() == 3
     assert [d.reason for d in _dead_letters(stack)] == ["chunk_below_lookahead_window"]
+
+
+def test_a_fenced_member_ends_with_one_line_and_exit_1(stack: Any, tiny_engine: Any) -> None:
+    """A second member with the same instance id fences the first (init_transactions bumps the
+    epoch): the first ends with one line naming the fence and exit 1, no traceback."""
+    stack.publish_sessions(sessions=6, seconds=10, seed=13)  # many small steps to commit
+    first = stack.vocode("same", "--max-records", "2", idle_s=120)
+    stack.wait_for_log(first, "state restored in", 120)
+    second = stack.vocode("same", "--max-records", "2", idle_s=8)
+    assert first.wait(120) == 1, stack.logs()
+    text = stack.log_of[first.pid].read_text(errors="replace")
+    assert "Traceback" not in text, text
+    ends = [line for line in text.splitlines() if line.startswith("codeclog vocode:")]
+    assert len(ends) == 1 and "fenced" in ends[0], text
+    assert second.wait(240) == 0, stack.logs()
+    report = verify(stack.client, stack.topics, tiny_engine)
+    assert report.ok, (report.to_dict(), stack.logs())

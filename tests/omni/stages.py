@@ -15,7 +15,7 @@ from pathlib import Path
 
 from codeclog.omni.connector import CodeclogKafkaConnector
 from codeclog.omni.payload import minicpmo_payload
-from codeclog.producers.publisher import Talker
+from codeclog.producers.talker import Talker
 from codeclog.schemas.records import CodecChunk
 
 REQUESTS = 50

@@ -16,12 +16,11 @@ from codeclog.producers.publisher import (
     ChunkPublisher,
     DeliveryFailure,
     PublisherConfig,
-    Record,
-    Talker,
     TopicNotReadyError,
     topic_partition_count,
 )
 from codeclog.producers.synthetic import SyntheticConfig, merged, scripts
+from codeclog.producers.talker import Record, Talker
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk
 

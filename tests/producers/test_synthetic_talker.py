@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-from codeclog.producers.publisher import Record, Talker
 from codeclog.producers.synthetic import (
     FRAMES_PER_SECOND,
     SyntheticConfig,
@@ -17,6 +16,7 @@ from codeclog.producers.synthetic import (
     scripts,
     session_script,
 )
+from codeclog.producers.talker import Record, Talker
 from codeclog.producers.windowing import new_ids
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codeclog.producers.publisher import Record, Talker
+from codeclog.producers.talker import Record, Talker
 from codeclog.producers.windowing import InvalidStepError
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 

@@ -10,7 +10,7 @@ from confluent_kafka import KafkaError
 
 from codeclog.producers.publisher import DeliveryFailure, PublisherConfig, _failure
 from codeclog.producers.vllm_omni import TalkerHook, from_environment
-from codeclog.schemas.records import CodecChunk
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 
 class _Publisher:
@@ -89,3 +89,54 @@ def test_an_undelivered_chunk_counts_for_its_request() -> None:
     failure: DeliveryFailure = _failure(chunk, KafkaError(KafkaError._MSG_TIMED_OUT))
     captured["on_failure"](failure)
     assert hook.failures_by_request == {"r4": 1}
+
+
+def _aborts(publisher: _Publisher, rid: str) -> list[ControlEvent]:
+    return [
+        r
+        for r in publisher.records
+        if isinstance(r, ControlEvent) and r.kind is ControlKind.ABORT and r.request_id == rid
+    ]
+
+
+def test_an_undelivered_chunk_aborts_its_request_and_drops_its_later_steps() -> None:
+    publisher = _Publisher()
+    hook = TalkerHook(publisher, clock_ms=lambda: 5)
+    for step in range(25):
+        hook(None, _output([step]), _Request("r5"))
+    first = next(r for r in publisher.records if isinstance(r, CodecChunk))
+    hook.record_failure(_failure(first, KafkaError(KafkaError._MSG_TIMED_OUT)))
+    published = len(publisher.records)
+    for step in range(30):  # the engine keeps generating: nothing more of r5 is published
+        hook(None, _output([step]), _Request("r5"))
+    assert hook.failures_by_request == {"r5": 1} and hook.failed_requests == 1
+    assert hook.dropped_steps == 30
+    (abort,) = _aborts(publisher, "r5")  # published on the next step, once
+    assert publisher.records[published:] == [abort]
+    assert abort.producer_id == "talker-test" and abort.produced_at_ms == 5
+    for step in range(25):  # other requests go on
+        hook(None, _output([step]), _Request("r6"))
+    assert any(isinstance(r, CodecChunk) and r.request_id == "r6" for r in publisher.records)
+
+
+def test_an_undelivered_abort_is_published_again_until_it_is_delivered() -> None:
+    publisher = _Publisher()
+    hook = TalkerHook(publisher)
+    hook.record_failure(_failure(CodecChunk("r7", (1,)), KafkaError(KafkaError._MSG_TIMED_OUT)))
+    hook(None, _output([]), _Request("other"))
+    (abort,) = _aborts(publisher, "r7")
+    hook.record_failure(_failure(abort, KafkaError(KafkaError._MSG_TIMED_OUT)))  # still down
+    assert hook.failures_by_request == {"r7": 1}  # the abort is not a second failure
+    hook(None, _output([]), _Request("other"))
+    assert len(_aborts(publisher, "r7")) == 2 and hook.aborts_published == 2
+
+
+def test_an_abort_that_cannot_be_queued_waits_for_the_next_step() -> None:
+    publisher = _Publisher(fail_on=0)  # every publish raises (queue full)
+    hook = TalkerHook(publisher)
+    hook.record_failure(_failure(CodecChunk("r8", (1,)), KafkaError(KafkaError._MSG_TIMED_OUT)))
+    assert hook(None, _output([]), _Request("other")) is None
+    assert hook.aborts_published == 0
+    publisher.fail_on = None
+    hook(None, _output([]), _Request("other"))
+    assert len(_aborts(publisher, "r8")) == 1
