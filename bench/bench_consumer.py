@@ -19,8 +19,11 @@
    produce, fetch, fold, transactional produce + offsets + commit) at that load.
 3. Listener columns (issue 22): two `consumers.listener.AudioListener`s follow the audio topic
    side by side in the same run, one committed (read_committed), one speculative
-   (read_uncommitted, first copy wins). For every window: produced_at of its newest chunk ->
-   the moment the listener's consume() returned it (its first copy). Target: speculative p99
+   (read_uncommitted, first copy wins), each in its own process (as a serving process is; in
+   the service's process they would measure their wait for its GIL). For every window:
+   produced_at of its newest chunk -> the moment the listener's consume() returned it (its
+   first copy); and, to split that, the audio record's Kafka timestamp (CreateTime: when the
+   consumer called produce()) -> visible, the listener's own path. Target: speculative p99
    <= 15 ms at 100 streams with the instant engine.
 
     python bench/bench_consumer.py                      # starts its own broker
@@ -99,29 +102,55 @@ class InstantEngine:
         return None
 
 
-class ListenerProbe(threading.Thread):
-    """A listener on the audio topic recording produced_at -> visible for every window."""
+def _probe_main(
+    bootstrap: str, topic: str, isolation: str, ready: Any, halt: Any, out: Any
+) -> None:
+    """A listener process: one AudioListener on the audio topic recording, for every window's
+    first copy, (produced_at of its newest chunk ms, audio record's Kafka timestamp ms, seconds
+    the listener's consume() returned it). Its own process, as a serving process is: in the
+    service's process it would queue for the GIL behind the talker, the fold and the commit
+    thread, and measure that."""
+    from codeclog.consumers.listener import AudioListener, Isolation
+
+    listener = AudioListener({"bootstrap.servers": bootstrap}, topic, Isolation(isolation))
+    listener.start()
+    ready.set()
+    visible: list[tuple[int, int, float]] = []
+    while not halt.is_set():
+        for item in listener.poll(0.05):
+            if item.pcm and item.source_produced_at_ms:
+                visible.append((item.source_produced_at_ms, item.written_at_ms, item.received_at))
+    listener.close()
+    out.send((visible, listener.stats.duplicates))
+    out.close()
+
+
+class ListenerProbe:
+    """A listener in a child process (`_probe_main`); its figures come back at stop()."""
 
     def __init__(self, bootstrap: str, topic: str, isolation: Any) -> None:
-        super().__init__(daemon=True)
-        from codeclog.consumers.listener import AudioListener
+        import multiprocessing
 
-        self.listener = AudioListener({"bootstrap.servers": bootstrap}, topic, isolation)
-        self.listener.start()
-        self.visible: list[tuple[int, float]] = []  # (produced_at ms, seconds until visible)
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            for item in self.listener.poll(0.05):
-                if item.pcm and item.source_produced_at_ms:
-                    delay = item.received_at - item.source_produced_at_ms / 1000
-                    self.visible.append((item.source_produced_at_ms, delay))
-        self.listener.close()
+        context = multiprocessing.get_context("spawn")
+        self.halt = context.Event()
+        ready = context.Event()
+        self._result, child = context.Pipe(duplex=False)
+        self.process = context.Process(
+            target=_probe_main,
+            args=(bootstrap, topic, isolation.value, ready, self.halt, child),
+            daemon=True,
+        )
+        self.process.start()
+        if not ready.wait(60):
+            raise RuntimeError(f"the {isolation.value} listener did not start within 60 s")
+        self.visible: list[tuple[int, int, float]] = []
+        self.duplicates = 0
 
     def stop(self) -> None:
         self.halt.set()
-        self.join(30)
+        if self._result.poll(60):
+            self.visible, self.duplicates = self._result.recv()
+        self.process.join(30)
 
 
 def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dict[str, Any]:
@@ -163,8 +192,6 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
         isolation: ListenerProbe(bootstrap, topics.audio, isolation)
         for isolation in (Isolation.COMMITTED, Isolation.SPECULATIVE)
     }
-    for probe in probes.values():
-        probe.start()
     time.sleep(3.0)  # join the group before the talker starts
     publisher = ChunkPublisher(client, PublisherConfig(topic=topics.chunks, producer_id="bench"))
     talker = Talker(publisher, producer_id="bench", native_duplex=True)
@@ -203,17 +230,21 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
             arrive.append(e2e - step.step_s)  # produced -> polled by the consumer
             in_step.append(step.step_s - step.decode_s)  # fold, produce, offsets, commit
     windows = sum(s.windows for s in steps)
-    seen = {
-        isolation.value: [d for produced, d in probe.visible if produced >= steady_ms]
-        for isolation, probe in probes.items()
-    }
-    listeners = {
-        f"{name}_{q}_ms": _percentile(values, int(q[1:])) * 1000
-        for name, values in seen.items()
-        for q in ("p50", "p99")
-    }
-    listeners["speculative_duplicates"] = probes[Isolation.SPECULATIVE].listener.stats.duplicates
-    listeners["listener_windows"] = min(len(v) for v in seen.values())
+    listeners: dict[str, Any] = {}
+    for isolation, probe in probes.items():
+        steady = [(p, w, at) for p, w, at in probe.visible if p >= steady_ms]
+        # produced_at -> visible; and audio record written (its CreateTime: the consumer's
+        # produce() call) -> visible, the listener's own path (linger, broker, fetch, Python)
+        columns = {
+            "": [at - p / 1000 for p, _, at in steady],
+            "written_": [at - w / 1000 for _, w, at in steady if w > 0],
+        }
+        for column, values in columns.items():
+            for q in (50, 99):
+                key = f"{isolation.value}_{column}p{q}_ms"
+                listeners[key] = _percentile(values, q) * 1000
+    listeners["speculative_duplicates"] = probes[Isolation.SPECULATIVE].duplicates
+    listeners["listener_windows"] = min(len(p.visible) for p in probes.values())
     return {
         **listeners,
         "streams": streams,
@@ -300,9 +331,10 @@ def main() -> int:
                 "| engine | streams | windows/s needed | windows/s done | e2e p50 / p99 ms "
                 "| decode (in-process) p50 / p99 ms | added by Kafka p50 / p99 ms "
                 "| of which produced -> polled | of which step minus decode "
-                "| committed listener p50 / p99 ms | speculative listener p50 / p99 ms |"
+                "| committed listener p50 / p99 ms | speculative listener p50 / p99 ms "
+                "| of which audio written -> visible, committed / speculative p50 / p99 ms |"
             )
-            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             # throwaway runs first: a fresh broker loads its coordinators, and the engine its
             # lazily built pools, on first use; and a fresh JVM runs the broker's request paths
             # interpreted until its JIT has seen them thousands of times (measured: instant
@@ -321,7 +353,10 @@ def main() -> int:
                     f"| {r['arrive_p50_ms']:.0f} / {r['arrive_p99_ms']:.0f} "
                     f"| {r['txn_p50_ms']:.0f} / {r['txn_p99_ms']:.0f} "
                     f"| {r['committed_p50_ms']:.1f} / {r['committed_p99_ms']:.1f} "
-                    f"| {r['speculative_p50_ms']:.1f} / {r['speculative_p99_ms']:.1f} |",
+                    f"| {r['speculative_p50_ms']:.1f} / {r['speculative_p99_ms']:.1f} "
+                    f"| {r['committed_written_p50_ms']:.1f} / {r['committed_written_p99_ms']:.1f}"
+                    f", {r['speculative_written_p50_ms']:.1f} / "
+                    f"{r['speculative_written_p99_ms']:.1f} |",
                     flush=True,
                 )
         finally:

@@ -84,6 +84,7 @@ class ListenerChunk:
     received_at: float  # listener clock (Unix seconds) when the first copy arrived
     source_produced_at_ms: int
     determinism_domain: str
+    written_at_ms: int = 0  # the audio record's Kafka timestamp (when the consumer produced it)
 
     def __iter__(self) -> Iterator[Any]:  # (request, pcm) unpacking
         return iter((self.request_id, self.pcm))
@@ -135,7 +136,7 @@ class _Stream:
         self.report = StreamReport(request_id, epoch)
         self.next_index = 0
         self.next_sample = 0
-        self.pending: dict[int, tuple[AudioChunk, float]] = {}
+        self.pending: dict[int, tuple[AudioChunk, float, int]] = {}  # chunk, arrived, written
         self.seen: collections.OrderedDict[int, _Seen] = collections.OrderedDict()
         self.pcm_kept: collections.deque[int] = collections.deque()
         self.last_at: float | None = None
@@ -149,7 +150,7 @@ class _Stream:
         return self.report.end is not None
 
     def buffered_bytes(self) -> int:
-        held = sum(len(chunk.pcm_s16le) for chunk, _ in self.pending.values())
+        held = sum(len(chunk.pcm_s16le) for chunk, _, _ in self.pending.values())
         return held + sum(len(s.pcm) for s in self.seen.values() if s.pcm is not None)
 
 
@@ -168,6 +169,10 @@ class Assembler:
         self.stats = ListenerStats()
         self._open: collections.OrderedDict[str, _Stream] = collections.OrderedDict()
         self._ended: collections.OrderedDict[str, _Stream] = collections.OrderedDict()
+        # every ended stream's report, superseded epochs included (_ended keeps one per request)
+        self._finished: collections.deque[StreamReport] = collections.deque(
+            maxlen=self.config.max_ended
+        )
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -187,8 +192,8 @@ class Assembler:
         return len(self._open) + len(self._ended)
 
     def reports(self) -> list[StreamReport]:
-        streams = [*self._ended.values(), *self._open.values()]
-        return [s.report for s in streams]
+        """Every stream's report: the ended ones (the newest `max_ended`), then the open ones."""
+        return [*self._finished, *(s.report for s in self._open.values())]
 
     def ended(self, request_id: str) -> StreamReport | None:
         stream = self._open.get(request_id) or self._ended.get(request_id)
@@ -196,7 +201,8 @@ class Assembler:
 
     # -- the fold of one chunk ------------------------------------------------------------------
 
-    def offer(self, chunk: AudioChunk, now: float) -> list[ListenerChunk]:
+    def offer(self, chunk: AudioChunk, now: float, written_at_ms: int = 0) -> list[ListenerChunk]:
+        """Fold one copy of a window (`written_at_ms`: its record's Kafka timestamp, if known)."""
         self.stats.records += 1
         rid = chunk.request_id
         if self.requests and rid not in self.requests:
@@ -221,7 +227,7 @@ class Assembler:
             stream = _Stream(rid, chunk.cache_epoch)
             self._open[rid] = stream
             out += self._enforce_cap(now)
-        out += self._window(stream, chunk, now)
+        out += self._window(stream, chunk, now, written_at_ms)
         return out
 
     def close(self, now: float) -> list[ListenerChunk]:
@@ -231,7 +237,9 @@ class Assembler:
             out += self._end(stream, "closed", now)
         return out
 
-    def _window(self, stream: _Stream, chunk: AudioChunk, now: float) -> list[ListenerChunk]:
+    def _window(
+        self, stream: _Stream, chunk: AudioChunk, now: float, written_at_ms: int
+    ) -> list[ListenerChunk]:
         index = chunk.window_index
         if index < stream.next_index or index in stream.pending:
             self._later_copy(stream, chunk)
@@ -239,11 +247,11 @@ class Assembler:
         if stream.ended:
             self.stats.after_final += 1
             return []
-        stream.pending[index] = (chunk, now)
+        stream.pending[index] = (chunk, now, written_at_ms)
         out = self._drain(stream, now)
         if stream.pending and (
             len(stream.pending) > self.config.max_pending
-            or any(c.final for c, _ in stream.pending.values())
+            or any(c.final for c, _, _ in stream.pending.values())
         ):
             out += self._skip_gap(stream, now)
         return out
@@ -251,8 +259,8 @@ class Assembler:
     def _drain(self, stream: _Stream, now: float) -> list[ListenerChunk]:
         out = []
         while stream.next_index in stream.pending and not stream.ended:
-            chunk, arrived = stream.pending.pop(stream.next_index)
-            out.append(self._deliver(stream, chunk, arrived, now))
+            chunk, arrived, written = stream.pending.pop(stream.next_index)
+            out.append(self._deliver(stream, chunk, arrived, written, now))
         return out
 
     def _skip_gap(self, stream: _Stream, now: float) -> list[ListenerChunk]:
@@ -269,7 +277,7 @@ class Assembler:
         return out
 
     def _deliver(
-        self, stream: _Stream, chunk: AudioChunk, arrived: float, now: float
+        self, stream: _Stream, chunk: AudioChunk, arrived: float, written: int, now: float
     ) -> ListenerChunk:
         report = stream.report
         gap = max(0, chunk.sample_offset - stream.next_sample) if stream.next_index > 0 else 0
@@ -304,6 +312,7 @@ class Assembler:
             arrived,
             chunk.source_produced_at_ms,
             chunk.determinism_domain,
+            written,
         )
 
     def _remember(self, stream: _Stream, chunk: AudioChunk) -> None:
@@ -380,6 +389,7 @@ class Assembler:
         stream.pcm_kept.clear()
         self._ended[rid] = stream
         self._ended.move_to_end(rid)
+        self._finished.append(stream.report)
         while len(self._ended) > self.config.max_ended:
             self._ended.popitem(last=False)
 
@@ -400,7 +410,9 @@ class ListenerError(Exception):
 
 
 class AudioListener:
-    """An Assembler fed from the audio topic. Iterate it, or call poll() in your own loop."""
+    """An Assembler fed from the audio topic. Iterate it, or call poll() in your own loop.
+    Use it from one thread: position() from another thread while one was in poll() was seen
+    to block for good (confluent-kafka 2.x), so caught_up() belongs to the polling thread."""
 
     def __init__(
         self,
@@ -425,6 +437,7 @@ class AudioListener:
         self._consumer: Any = None
         self._wanted = frozenset(r.encode() for r in requests)
         self._closed = False
+        self._starts: dict[int, int] = {}  # partition -> the offset it was assigned at
 
     @property
     def stats(self) -> ListenerStats:
@@ -440,6 +453,11 @@ class AudioListener:
                 "enable.auto.offset.store": False,
                 "isolation.level": level,
                 "enable.partition.eof": True,
+                # Latency (BENCHMARKS.md, issue 22): the broker answers a fetch as soon as
+                # fetch.min.bytes (default 1) are readable (past the high watermark for
+                # speculative, the last stable offset for committed), so fetch.wait.max.ms only
+                # bounds an idle fetch; 50 ms instead of 500 keeps shutdown and caught_up()
+                # prompt. queued.min.messages is prefetch depth, not a delay: default.
                 "fetch.wait.max.ms": 50,
             }
         )
@@ -457,8 +475,8 @@ class AudioListener:
             starts: dict[int, int] = {}
             if self.start_mode is StartMode.CURRENT_EPOCH:
                 starts = self._scan(partitions)
-            assignment = [TopicPartition(self.topic, p, starts.get(p, 0)) for p in partitions]
-            consumer.assign(assignment)
+            self._starts = {p: starts.get(p, 0) for p in partitions}
+            consumer.assign([TopicPartition(self.topic, p, o) for p, o in self._starts.items()])
         except KafkaException as exc:
             consumer.close()
             raise ListenerError(f"cannot read {self.topic}: {exc}") from exc
@@ -521,7 +539,8 @@ class AudioListener:
                 continue
             chunk = _audio(message.value())
             if chunk is not None:
-                out += self.assembler.offer(chunk, now)
+                _, written_ms = message.timestamp()
+                out += self.assembler.offer(chunk, now, max(0, written_ms))
         return out
 
     def caught_up(self) -> bool:
@@ -531,7 +550,10 @@ class AudioListener:
         assignment = self._consumer.assignment()
         for tp in self._consumer.position(assignment):
             low, high = _watermarks(self._consumer, tp)
-            if max(tp.offset, low) < high:
+            # nothing consumed there yet: the position is unset, reading began at the start
+            # offset (the partition's end at start when no current epoch lies in it)
+            position = tp.offset if tp.offset >= 0 else self._starts.get(tp.partition, low)
+            if max(position, low) < high:
                 return False
         return True
 

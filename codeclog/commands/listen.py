@@ -25,8 +25,9 @@ listener starts), then every later epoch; --from-beginning plays every epoch on 
 Output: --out DIR writes DIR/<request>.e<epoch>.wav (24 kHz mono s16le), growing as audio
 arrives, with silence where windows never arrived; --stdout writes the raw s16le PCM of every
 window in arrival order (use one --request). A progress line goes to stderr; at the end, one
-line per stream: windows, seconds, first-audio latency (arrival of window 0 - produced_at of its
-newest codec chunk), gaps (windows never received) and later copies (identical / different).
+line per stream (on stdout; on stderr with --stdout): windows, seconds, first-audio latency
+(arrival of window 0 - produced_at of its newest codec chunk), gaps (windows never received)
+and later copies (identical / different).
 
 Exit codes: 0 stopped (idle with --exit-when-idle, every --request ended with --until-final, or
 SIGINT); 1 the topic cannot be read, or a later copy differed (a mismatch); 2 usage or
@@ -165,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     sink.close()
     _progress(listener)
     print(file=sys.stderr)
-    _summary(listener)
+    _summary(listener, sys.stderr if args.stdout else sys.stdout)  # stdout carries the PCM
     return 1 if listener.stats.mismatches else 0
 
 
@@ -181,7 +182,7 @@ def _progress(listener: Any) -> None:
     )
 
 
-def _summary(listener: Any) -> None:
+def _summary(listener: Any, out: IO[str]) -> None:
     for report in sorted(listener.assembler.reports(), key=lambda r: (r.request_id, r.cache_epoch)):
         latency = report.first_audio_latency_s
         first = "-" if latency is None else f"{latency * 1000:.0f} ms"
@@ -189,5 +190,6 @@ def _summary(listener: Any) -> None:
             f"{report.request_id} epoch {report.cache_epoch}: {report.windows} windows, "
             f"{report.samples / 24000:.2f} s, first audio {first}, gaps {report.gap_windows}, "
             f"longest wait {report.max_interval_s:.2f} s, later copies {report.duplicates} "
-            f"identical / {report.mismatches} different, end {report.end or 'open'}"
+            f"identical / {report.mismatches} different, end {report.end or 'open'}",
+            file=out,
         )

@@ -104,6 +104,16 @@ def test_a_copy_too_old_to_compare_is_counted_and_still_dropped() -> None:
     assert a.stats.uncompared == 1 and a.stats.delivered == 4
 
 
+def test_each_window_keeps_its_own_arrival_time_and_record_timestamp() -> None:
+    a = Assembler()
+    assert a.offer(chunk("a", 1), 1.0, 2001) == []  # held until window 0
+    out = a.offer(chunk("a", 0), 2.0, 2002)
+    assert [(c.window_index, c.received_at, c.written_at_ms) for c in out] == [
+        (0, 2.0, 2002),
+        (1, 1.0, 2001),
+    ]
+
+
 def test_out_of_order_windows_are_held_then_delivered_in_order() -> None:
     a = Assembler()
     assert a.offer(chunk("r", 1), 1.0) == []
@@ -130,6 +140,15 @@ def test_a_new_epoch_supersedes_the_open_one_and_old_epochs_are_ignored() -> Non
     ]
     assert a.offer(chunk("r", 1, epoch=0), 3.0) == []
     assert a.stats.stale == 1
+
+
+def test_a_superseded_epoch_keeps_its_report() -> None:
+    a = Assembler()
+    a.offer(chunk("a", 0, epoch=0), 1.0)
+    a.offer(chunk("a", 0, epoch=1), 2.0)
+    a.offer(chunk("a", 1, epoch=1, final=True), 3.0)
+    reports = [(r.request_id, r.cache_epoch, r.windows, r.end) for r in a.reports()]
+    assert reports == [("a", 0, 1, "superseded"), ("a", 1, 2, "final")]
 
 
 def test_the_epoch_floor_skips_epochs_older_than_the_current_one_at_start() -> None:
@@ -180,6 +199,9 @@ class FakeMessage:
 
     def offset(self) -> int:
         return self._o
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1000 + self._o)  # TIMESTAMP_CREATE_TIME
 
 
 class FakeConsumer:
@@ -261,3 +283,49 @@ def test_the_wav_sink_places_windows_by_sample_offset(tmp_path: Any) -> None:
     with wave.open(str(tmp_path / "r_1.e0.wav"), "rb") as wav:
         frames = wav.readframes(wav.getnframes())
     assert frames == out[0].pcm + bytes(2 * WINDOW) + out[1].pcm
+
+
+class _Eof:
+    def error(self) -> Any:
+        from confluent_kafka import KafkaError
+
+        return KafkaError(KafkaError._PARTITION_EOF)
+
+
+class OneTopic(FakeConsumer):
+    """A fake with one partition: assign() moves the read position, EOF at its end."""
+
+    def assign(self, partitions: Any) -> None:
+        self.at = partitions[0].offset
+        self.assigned = partitions
+
+    def consume(self, n: int, timeout: float) -> list[Any]:
+        batch: list[Any] = super().consume(n, timeout)
+        return batch or [_Eof()]
+
+    def get_watermark_offsets(self, tp: Any, timeout: float, cached: bool) -> tuple[int, int]:
+        return 0, len(self.messages)
+
+    def assignment(self) -> Any:
+        return self.assigned
+
+    def position(self, partitions: Any) -> Any:
+        from confluent_kafka import TopicPartition
+
+        return [TopicPartition(tp.topic, tp.partition, -1001) for tp in partitions]  # unset
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_listener_started_at_a_partitions_end_is_caught_up_before_reading_anything() -> None:
+    """The request is not on the partition: reading starts at its end, and nothing consumed
+    there leaves librdkafka's position unset; caught_up() must still hold (else
+    `codeclog listen --exit-when-idle` never exits)."""
+    values = [wire.encode(chunk("other", i)) for i in range(3)]
+    listener = AudioListener(
+        {}, "audio", Isolation.SPECULATIVE, requests=["mine"], partitions=[0],
+        consumer_factory=lambda _: OneTopic(values, [b"other"] * 3),
+    )  # fmt: skip
+    listener.start()
+    assert listener.caught_up()
