@@ -36,7 +36,8 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from codeclog.errors import CodeclogError
+from codeclog import security
+from codeclog.errors import CodeclogError, UsageError
 from codeclog.kafka_jars import KAFKA_VERSION, JarFetcher, runtime_file
 
 ENV_JAVA = "CODECLOG_JAVA"
@@ -87,6 +88,10 @@ class BrokerStartError(BrokerError):
         self.log_tail = log_tail
 
 
+class SecurityModeError(BrokerError, UsageError):
+    """The data dir was formatted for another security mode than the one asked for."""
+
+
 class PortInUseError(BrokerStartError):
     """The JVM could not bind a port we picked (lost a race with another process)."""
 
@@ -113,6 +118,9 @@ class BrokerSettings:
     # killed test session leaves no broker behind. The CLI leaves it off (detached broker).
     die_with_parent: bool = False
     extra_jvm_args: tuple[str, ...] = ()  # appended after ours, so they win (e.g. "-Xss2m")
+    # "scram": SASL_SSL + SCRAM-SHA-512 + ACLs (codeclog.security); "none": PLAINTEXT;
+    # None: whatever the data dir already holds (none for a fresh one).
+    security: str | None = None
     fetcher: JarFetcher = dataclasses.field(default_factory=JarFetcher)
 
     def validate(self) -> None:
@@ -123,6 +131,8 @@ class BrokerSettings:
             )
         if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
             raise BrokerError("broker start and stop timeouts must be positive")
+        if self.security is not None:
+            security.check_mode(self.security)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +148,8 @@ class BrokerState:
     log_path: str
     started_at: str  # ISO-8601 UTC
     kafka_version: str = KAFKA_VERSION
+    security: str = security.SECURITY_NONE
+    role_configs: dict[str, str] = dataclasses.field(default_factory=dict)  # user -> properties
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
@@ -184,8 +196,11 @@ def new_cluster_id(random_bytes: Callable[[int], bytes] = os.urandom) -> str:
             return cluster_id
 
 
-def render_server_properties(ports: BrokerPorts, log_dirs: Path) -> str:
-    """server.properties for one combined node; see the table in docs (kafka.md A.5)."""
+def render_server_properties(
+    ports: BrokerPorts, log_dirs: Path, secured: dict[str, str] | None = None
+) -> str:
+    """server.properties for one combined node; see the table in docs (kafka.md A.5).
+    `secured` (codeclog.security.server_security_properties) replaces the listeners."""
     props = {
         "process.roles": "broker,controller",
         "node.id": str(NODE_ID),
@@ -201,6 +216,7 @@ def render_server_properties(ports: BrokerPorts, log_dirs: Path) -> str:
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
         "log.dirs": str(log_dirs),
         **_single_node_overrides(),
+        **(secured or {}),
     }
     lines = ["# written by codeclog at every `broker start`; edits are overwritten"]
     lines += [f"{key}={value}" for key, value in props.items()]
@@ -234,7 +250,7 @@ def _single_node_overrides() -> dict[str, str]:
 
 
 _LISTENER_RE = re.compile(r"^listeners=(.*)$", re.MULTILINE)
-_PORT_RE = re.compile(r"(PLAINTEXT|CONTROLLER)://[^:,]*:(\d+)")
+_PORT_RE = re.compile(r"(PLAINTEXT|SASL_SSL|CONTROLLER)://[^:,]*:(\d+)")
 
 
 def parse_listener_ports(properties_text: str) -> BrokerPorts | None:
@@ -243,9 +259,10 @@ def parse_listener_ports(properties_text: str) -> BrokerPorts | None:
     if match is None:
         return None
     found = {name: int(port) for name, port in _PORT_RE.findall(match.group(1))}
-    if "PLAINTEXT" not in found or "CONTROLLER" not in found:
+    client = found.get("PLAINTEXT", found.get("SASL_SSL"))
+    if client is None or "CONTROLLER" not in found:
         return None
-    return BrokerPorts(found["PLAINTEXT"], found["CONTROLLER"])
+    return BrokerPorts(client, found["CONTROLLER"])
 
 
 def choose_ports(
@@ -321,9 +338,14 @@ def tcp_accepts(port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def metadata_lists_broker(bootstrap: str, timeout_s: float = 5.0, node_id: int = NODE_ID) -> bool:
+def metadata_lists_broker(
+    bootstrap: str,
+    timeout_s: float = 5.0,
+    node_id: int = NODE_ID,
+    client_config: dict[str, str] | None = None,
+) -> bool:
     """A real Kafka round trip: the cluster metadata names our node."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
+    admin = AdminClient({**(client_config or {}), "bootstrap.servers": bootstrap, "log_level": 2})
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except Exception:  # KafkaException and transport errors: not ready yet
@@ -444,6 +466,7 @@ class LocalBroker:
         self._wall_clock = wall_clock
         self._random_bytes = random_bytes
         self._process: subprocess.Popen[bytes] | None = None  # set when this object started it
+        self._credentials: security.Credentials | None = None  # set by start when secured
 
     # paths --------------------------------------------------------------------------------
     @property
@@ -462,6 +485,36 @@ class LocalBroker:
     def log_dirs(self) -> Path:
         return self.data_dir / LOG_DIRS
 
+    @property
+    def security_files(self) -> security.SecurityFiles:
+        return security.security_files(self.data_dir)
+
+    def security_mode(self) -> str:
+        """The mode this start uses: the one asked for, checked against the data dir."""
+        formatted = (self.log_dirs / "meta.properties").exists()
+        holds = security.SECURITY_SCRAM if self.security_files.complete() else None
+        if not formatted:
+            return self.settings.security or security.SECURITY_NONE
+        held = holds or security.SECURITY_NONE
+        if self.settings.security is not None and self.settings.security != held:
+            raise SecurityModeError(
+                f"{self.data_dir} holds a broker formatted with --security {held}; it cannot "
+                f"start with --security {self.settings.security} (users are created at format "
+                "time): use another --data-dir"
+            )
+        return held
+
+    def admin_client_config(self) -> dict[str, str]:
+        """Client properties of the super user (empty for a plaintext broker)."""
+        creds = self._credentials
+        if creds is None:
+            return {}
+        props = security.client_properties(
+            security.SUPER_USER, creds.password(security.SUPER_USER), "", self.security_files.ca_pem
+        )
+        props.pop("bootstrap.servers")
+        return props
+
     # lifecycle ----------------------------------------------------------------------------
     def configure(self) -> None:
         self.settings.validate()
@@ -476,8 +529,17 @@ class LocalBroker:
                 progress(f"a broker already runs for {self.data_dir} (pid {running.pid})")
                 return running
             java = resolve_java(self.settings.java)
+            self._prepare_security(java, progress)
             libs_dir = self.settings.fetcher.ensure(progress)
             return self._start_with_port_retries(java, libs_dir, progress)
+
+    def _prepare_security(self, java: str, progress: Progress) -> None:
+        if self.security_mode() != security.SECURITY_SCRAM:
+            return
+        files = self.security_files
+        if not files.complete():
+            progress(f"making a local CA, the broker certificate and SCRAM users in {files.root}")
+        self._credentials = security.ensure_material(files, security.keytool_for(java))
 
     def stop(self, progress: Progress = _quiet) -> StopResult:
         """SIGTERM, wait up to stop_timeout_s, then SIGKILL. Stopping a stopped broker is fine."""
@@ -519,7 +581,16 @@ class LocalBroker:
         return choose_ports(previous, port_is_free, pick_free_port)
 
     def _node_properties(self, ports: BrokerPorts) -> str:
-        return render_server_properties(ports, self.log_dirs)
+        secured = None
+        if self._credentials is not None:
+            secured = security.server_security_properties(
+                ports.broker_port,
+                ports.controller_port,
+                HOST,
+                self.security_files,
+                self._credentials,
+            )
+        return render_server_properties(ports, self.log_dirs, secured)
 
     def _node_format_args(self) -> list[str]:
         return ["--standalone"]  # goes with controller.quorum.bootstrap.servers
@@ -579,6 +650,7 @@ class LocalBroker:
             "kafka.tools.StorageTool",
             "format",
             *self._node_format_args(),
+            *(security.scram_format_args(self._credentials) if self._credentials else []),
             "-t",
             cluster_id,
             "-c",
@@ -613,9 +685,19 @@ class LocalBroker:
             data_dir=str(self.data_dir),
             log_path=str(self.log_path),
             started_at=_iso_utc(self._wall_clock()),
+            **self._security_state(bootstrap),
         )
         _write_atomically(self.state_path, state.to_json())
         return state
+
+    def _security_state(self, bootstrap: str) -> dict[str, Any]:
+        if self._credentials is None:
+            return {}
+        written = security.write_role_properties(self.security_files, self._credentials, bootstrap)
+        return {
+            "security": security.SECURITY_SCRAM,
+            "role_configs": {user: str(path) for user, path in written.items()},
+        }
 
     def _spawn(self, java: str, libs_dir: Path) -> subprocess.Popen[bytes]:
         self._rotate_log()
@@ -660,7 +742,9 @@ class LocalBroker:
             code = process.poll()
             if code is not None:
                 raise self._exit_error(code)
-            if tcp_accepts(port) and metadata_lists_broker(bootstrap, node_id=self.node_id):
+            if tcp_accepts(port) and metadata_lists_broker(
+                bootstrap, node_id=self.node_id, client_config=self.admin_client_config()
+            ):
                 return
             if self._clock() > deadline:
                 raise BrokerStartError(

@@ -19,6 +19,7 @@ from codeclog.version import __version__
 COMMANDS: tuple[str, ...] = (
     "codeclog.commands.broker",
     "codeclog.commands.topics",
+    "codeclog.commands.acls",
     "codeclog.commands.talk",
     "codeclog.commands.vocode",
     "codeclog.commands.verify",

@@ -11,7 +11,8 @@ later source is set too and differs, one line on stderr says which was used):
 `--kafka-config FILE` adds librdkafka properties (one `key=value` per line, `#` comments), so
 users can set `security.protocol`, `sasl.*` and `ssl.*` for their own clusters. The file is
 checked by librdkafka itself before anything connects: an unknown property or a bad value is
-a ConfigError (one line, exit 2).
+a ConfigError (one line, exit 2). Then one metadata request probes the credentials and TLS
+(codeclog.kafka_access): a refused login or certificate is one line and exit 2 as well.
 `--topics-config FILE` (JSON) renames topics and sets partition counts; unknown keys are refused.
 """
 
@@ -120,6 +121,9 @@ def kafka_client_config(args: argparse.Namespace) -> dict[str, str]:
         config.update(read_properties(path))
         check_client_properties(config, f"--kafka-config {path}")
     config["bootstrap.servers"] = resolve_bootstrap(args, config.get("bootstrap.servers"))
+    from codeclog.kafka_access import probe_access  # local import: keeps this module light
+
+    probe_access(config)  # a wrong password or certificate: one line, exit 2, not a hang
     return config
 
 

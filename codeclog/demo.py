@@ -50,6 +50,27 @@ class DemoOptions:
     device: str | None = None  # default: cuda when available, else cpu
     verify: bool = True
     partitions: int = 4
+    secure: bool = False  # a fresh local broker with --security scram, every part as its role
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoCluster:
+    """Where the demo runs and, per role, the client properties (and file) it uses."""
+
+    bootstrap: str
+    role_files: dict[str, Path] = dataclasses.field(default_factory=dict)  # secured only
+
+    def config(self, role: str) -> dict[str, Any]:
+        if role not in self.role_files:
+            return {"bootstrap.servers": self.bootstrap}
+        from codeclog.config import read_properties
+
+        return dict(read_properties(self.role_files[role]))
+
+    def cli_args(self, role: str) -> list[str]:
+        if role not in self.role_files:
+            return ["--bootstrap", self.bootstrap]
+        return ["--kafka-config", str(self.role_files[role])]
 
 
 @dataclasses.dataclass
@@ -66,19 +87,23 @@ def _say(line: str) -> None:
 
 
 @contextlib.contextmanager
-def _cluster(options: DemoOptions) -> Iterator[str]:
+def _cluster(options: DemoOptions) -> Iterator[DemoCluster]:
     if options.bootstrap:
-        yield options.bootstrap
+        yield DemoCluster(options.bootstrap)
         return
-    from codeclog.broker import LocalBroker
+    from codeclog.broker import BrokerSettings, LocalBroker
 
     with tempfile.TemporaryDirectory(prefix="codeclog-demo-") as tmp:
-        broker = LocalBroker(Path(tmp) / "broker")
+        security = "scram" if options.secure else "none"
+        settings = BrokerSettings(security=security, start_timeout_s=180.0)  # busy boxes
+        broker = LocalBroker(Path(tmp) / "broker", settings)
         started = time.monotonic()
         state = broker.start(progress=_say)
         _say(f"[demo] broker ready at {state.bootstrap} in {time.monotonic() - started:.1f} s")
+        if state.role_configs:
+            _say("[demo] SASL_SSL + SCRAM-SHA-512; each part runs as its own role")
         try:
-            yield state.bootstrap
+            yield DemoCluster(state.bootstrap, {k: Path(v) for k, v in state.role_configs.items()})
         finally:
             broker.stop()
             _say("[demo] broker stopped")
@@ -94,7 +119,7 @@ def _default_device() -> str:
 
 
 def _start_vocoder(
-    bootstrap: str, topics_file: Path, options: DemoOptions, log_path: Path
+    cluster: DemoCluster, topics_file: Path, options: DemoOptions, log_path: Path
 ) -> subprocess.Popen[bytes]:
     vocoder = options.vocoder or os.environ.get(ENV_CHECKPOINT) or "tiny"
     device = options.device or _default_device()
@@ -104,8 +129,7 @@ def _start_vocoder(
         "-m",
         "codeclog.cli",
         "vocode",
-        "--bootstrap",
-        bootstrap,
+        *cluster.cli_args("vocoder"),
         "--topics-config",
         str(topics_file),
         "--vocoder",
@@ -122,11 +146,11 @@ def _start_vocoder(
 class AudioCollector(threading.Thread):
     """Reads the audio topic (read_committed) as it is written; keeps chunks and latencies."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, t0: float) -> None:
+    def __init__(self, client: dict[str, Any], topic: str, partitions: int, t0: float) -> None:
         super().__init__(daemon=True)
         self.consumer = Consumer(
             {
-                "bootstrap.servers": bootstrap,
+                **client,
                 "group.id": "codeclog-demo-listener",
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
@@ -165,12 +189,12 @@ class AudioCollector(threading.Thread):
 class LagSampler(threading.Thread):
     """Samples the consumer group's lag once a second with the lag monitor."""
 
-    def __init__(self, bootstrap: str, group: str, topic: str, t0: float) -> None:
+    def __init__(self, config: dict[str, Any], group: str, topic: str, t0: float) -> None:
         super().__init__(daemon=True)
         from codeclog.lag.monitor import LagMonitor
 
         logger = logging.getLogger("codeclog.kafka")
-        client: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": logger}
+        client: dict[str, Any] = {**config, "logger": logger}
         self.monitor = LagMonitor(client, group, topic)
         self.samples: list[tuple[float, int, float, float]] = []
         self.statuses: list[str] = []
@@ -203,7 +227,9 @@ class LagSampler(threading.Thread):
         self.monitor.close()
 
 
-def _talk(bootstrap: str, topics: TopicsConfig, options: DemoOptions, show: Any) -> dict[str, Any]:
+def _talk(
+    client: dict[str, Any], topics: TopicsConfig, options: DemoOptions, show: Any
+) -> dict[str, Any]:
     from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
     from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
     from codeclog.producers.talker import Talker, wall_clock_ms
@@ -212,7 +238,7 @@ def _talk(bootstrap: str, topics: TopicsConfig, options: DemoOptions, show: Any)
         sessions=options.sessions, seconds=options.seconds, seed=options.seed
     )
     publisher = ChunkPublisher(
-        {"bootstrap.servers": bootstrap},
+        client,
         PublisherConfig(topic=topics.chunks, producer_id="demo-talker", linger_ms=1.0),
     )
     talker = Talker(publisher, producer_id="demo-talker", native_duplex=True)
@@ -282,14 +308,12 @@ def write_wavs(chunks: list[AudioChunk], out_dir: Path) -> dict[str, float]:
     return seconds
 
 
-def _dead_letters(bootstrap: str, topics: TopicsConfig) -> dict[str, int]:
+def _dead_letters(client: dict[str, Any], topics: TopicsConfig) -> dict[str, int]:
     from codeclog.consumers.log_reader import read_partition
 
     reasons: dict[str, int] = {}
     for partition in range(topics.dlq_partitions):
-        for record in read_partition(
-            {"bootstrap.servers": bootstrap}, topics.dlq, partition, 0, None
-        ):
+        for record in read_partition(client, topics.dlq, partition, 0, None):
             letter = wire.decode(record.value)
             if isinstance(letter, DeadLetter):
                 reasons[letter.reason] = reasons.get(letter.reason, 0) + 1
@@ -343,28 +367,36 @@ def run_demo(options: DemoOptions) -> int:
     topics = TopicsConfig(partitions=options.partitions)
     topics_file = options.out_dir / "topics.json"
     topics_file.write_text(json.dumps({"partitions": options.partitions}))
-    with _cluster(options) as bootstrap:
-        client = {"bootstrap.servers": bootstrap}
-        ensure_topics(client, topics)
+    with _cluster(options) as cluster:
+        admin = cluster.config("admin")
+        ensure_topics(admin, topics)
+        if cluster.role_files:
+            from codeclog.acls import apply_acls, role_acls
+
+            # The demo plots time and audio lag: its monitor may read the chunk payloads.
+            apply_acls(admin, role_acls(topics, monitor_reads=True))
         log_path = options.out_dir / "vocode.log"
-        vocoder = _start_vocoder(bootstrap, topics_file, options, log_path)
+        vocoder = _start_vocoder(cluster, topics_file, options, log_path)
         _wait_ready(vocoder, log_path, timeout_s=180)
         t0 = time.time()
-        collector = AudioCollector(bootstrap, topics.audio, topics.partitions, t0)
-        sampler = LagSampler(bootstrap, "codeclog-vocoder", topics.chunks, t0)
+        collector = AudioCollector(cluster.config("replay"), topics.audio, topics.partitions, t0)
+        sampler = LagSampler(cluster.config("monitor"), "codeclog-vocoder", topics.chunks, t0)
         collector.start()
         sampler.start()
         show = _progress_printer(collector, sampler, vocoder)
-        talk = _talk(bootstrap, topics, options, show)
+        talk = _talk(cluster.config("talker"), topics, options, show)
         print(file=sys.stderr)
         _say("[demo] talker done; waiting for the consumer to drain")
         _wait_drained(collector, sampler, timeout_s=60)
         code = _stop_vocoder(vocoder)
         collector.stop()
         sampler.stop()
-        summary = _summarise(talk, collector, sampler, bootstrap, topics, options, code)
+        summary = _summarise(
+            talk, collector, sampler, cluster.config("replay"), topics, options, code
+        )
+        summary["secure"] = bool(cluster.role_files)
         if options.verify:
-            summary["verify"] = _verify(bootstrap, topics_file, options)
+            summary["verify"] = _verify(cluster.config("replay"), topics_file, options)
     summary["elapsed_s"] = round(time.monotonic() - started, 1)
     _report(summary, options.out_dir)
     healthy = code == 0 and summary.get("verify", {"ok": True})["ok"] and talk["failed"] == 0
@@ -405,7 +437,7 @@ def _summarise(
     talk: dict[str, Any],
     collector: AudioCollector,
     sampler: LagSampler,
-    bootstrap: str,
+    reader: dict[str, Any],
     topics: TopicsConfig,
     options: DemoOptions,
     vocoder_exit: int,
@@ -419,7 +451,7 @@ def _summarise(
         "requests_with_audio": len(seconds),
         "audio_seconds": round(sum(seconds.values()), 2),
         "audio_windows": len(collector.chunks),
-        "rejections": _dead_letters(bootstrap, topics),
+        "rejections": _dead_letters(reader, topics),
         "chunk_latency_ms": {
             "p50": round(_percentile(latencies, 50) * 1000, 1),
             "p99": round(_percentile(latencies, 99) * 1000, 1),
@@ -436,7 +468,7 @@ def _summarise(
     }
 
 
-def _verify(bootstrap: str, topics_file: Path, options: DemoOptions) -> dict[str, Any]:
+def _verify(reader: dict[str, Any], topics_file: Path, options: DemoOptions) -> dict[str, Any]:
     from codeclog.consumers.verify import verify
     from codeclog.vocoder.engine import Code2WavEngine
 
@@ -446,7 +478,7 @@ def _verify(bootstrap: str, topics_file: Path, options: DemoOptions) -> dict[str
         device=options.device or _default_device(),
     )
     topics = TopicsConfig.load(topics_file)
-    report = verify({"bootstrap.servers": bootstrap}, topics, engine)
+    report = verify(reader, topics, engine)
     return {
         "ok": report.ok,
         "expected_windows": report.expected_windows,

@@ -17,17 +17,29 @@ from codeclog.consumers.kafka_calls import (
     InfrastructureError,
 )
 from codeclog.consumers.pipeline import InputRecord, Position
+from codeclog.kafka_access import refusal, refused_kind
 
 log = logging.getLogger("codeclog.vocode")
 
 
-def input_record(message: Message) -> InputRecord | None:
+def input_record(
+    message: Message,
+    client_config: dict[str, str] | None = None,
+    doing: dict[str, str] | None = None,
+) -> InputRecord | None:
     """A consumed message as the pipeline's InputRecord; None for an end-of-partition event or
-    a non-fatal consumer error (logged); InfrastructureError for a fatal one."""
+    a non-fatal consumer error (logged); InfrastructureError for a fatal one; KafkaAccessError
+    (exit 2, never a dead letter) when the authorizer refused a resource this reader needs
+    (`doing`: refusal kind -> what the reader was doing)."""
     error = message.error()
     if error is not None:
         if error.code() == KafkaError._PARTITION_EOF:
             return None
+        # Only for the resources this reader needs: an assign()-only reader does
+        # FindCoordinator for its unused group.id and may be refused that harmlessly.
+        refused = refusal(error, client_config, doing or {})
+        if refused is not None and refused_kind(error) in (doing or {}):
+            raise refused
         if error.fatal() or error.code() in DENIED_CODES:
             raise InfrastructureError(f"consumer error: {error.name()}: {error.str()}")
         log.warning("consumer error: %s", error)
@@ -54,7 +66,8 @@ def read_partition(
     consumer = Consumer(_reader_config(client_config))
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
-        return _read_until(consumer, TopicPartition(topic, partition), end, timeout_s)
+        tp = TopicPartition(topic, partition)
+        return _read_until(consumer, tp, end, timeout_s, client_config)
     finally:
         consumer.close()
 
@@ -86,7 +99,7 @@ def read_partitions(
                 if error is not None and error.code() == KafkaError._PARTITION_EOF:
                     waiting.discard(message.partition() or 0)
                     continue
-                record = input_record(message)
+                record = input_record(message, client_config, {"topic": f"READ topic {topic}"})
                 if record is not None:
                     result[record.position.partition].append(record)
     finally:
@@ -109,7 +122,11 @@ def _reader_config(client_config: dict[str, str]) -> dict[str, Any]:
 
 
 def _read_until(
-    consumer: Consumer, tp: TopicPartition, end: int | None, timeout_s: float
+    consumer: Consumer,
+    tp: TopicPartition,
+    end: int | None,
+    timeout_s: float,
+    client_config: dict[str, str] | None = None,
 ) -> list[InputRecord]:
     records: list[InputRecord] = []
     deadline = time.monotonic() + timeout_s
@@ -120,7 +137,8 @@ def _read_until(
                 if end is None:
                     return records
                 continue
-            record = input_record(message)
+            doing = {"topic": f"READ topic {tp.topic}"}
+            record = input_record(message, client_config, doing)
             if record is not None and (end is None or record.position.offset < end):
                 records.append(record)
         if end is not None and consumer.position([tp])[0].offset >= end:

@@ -59,6 +59,8 @@ from codeclog.consumers.pipeline import (
 from codeclog.consumers.progress import CheckpointWriter, progress_key
 from codeclog.consumers.recovery import Recovery, RecoverySource
 from codeclog.consumers.transaction import TransactionError, Transactions
+from codeclog.errors import CodeclogError
+from codeclog.kafka_access import KafkaAccessError, refusal
 from codeclog.schemas import wire
 from codeclog.schemas.records import SAMPLE_RATE_HZ
 from codeclog.topics_config import TopicsConfig
@@ -68,6 +70,7 @@ T = TypeVar("T")
 DEFAULT_GROUP = "codeclog-vocoder"
 EXIT_OK = 0
 EXIT_INFRASTRUCTURE = 1
+EXIT_USAGE = 2  # a refused login or ACL (codeclog.kafka_access): fixed in the config
 EXIT_STRICT_FATAL = 3
 RETRY_PAUSE_S = 1.0  # between two recovery attempts while the cluster does not answer
 CLOSE_ON_FAILURE_S = 2.0  # abort, close and flush bounds once the member is exiting 1
@@ -133,6 +136,7 @@ class VocoderService:
             config.kafka_timeout_s,
             self.metrics,
         )
+        self.transactions.refusal = self._refusal
         self.checkpoints = CheckpointWriter(topics.chunks, config.group, config.transactional_id)
         self.recovery = Recovery(
             RecoverySource(
@@ -188,6 +192,12 @@ class VocoderService:
         try:
             self._start()
             return self._loop()
+        except KafkaAccessError as exc:  # refused credentials or ACL: a configuration error
+            print(f"codeclog vocode: {one_line(exc)}", file=sys.stderr)
+            self.transactions.closing_timeout_s = CLOSE_ON_FAILURE_S
+            self.transactions.wedged = True  # nothing to abort that the refusal would not refuse
+            self.transactions.join()
+            return EXIT_USAGE
         except (InfrastructureError, StuckCallError, KafkaException) as exc:
             print(f"codeclog vocode: {one_line(exc)}", file=sys.stderr)
             self._end_on_failure()
@@ -234,6 +244,8 @@ class VocoderService:
         try:
             self.transactions.start(self.config.outage_timeout_s, self._stop)
         except (KafkaException, StuckCallError) as exc:
+            if (refused := self._refusal(exc)) is not None:
+                raise refused from exc
             raise InfrastructureError(
                 f"cannot initialise transactions on the cluster at {self.bootstrap}: "
                 f"{one_line(exc)}"
@@ -399,9 +411,32 @@ class VocoderService:
             return []
         return self._records(messages)
 
-    @staticmethod
-    def _records(messages: list[Message]) -> list[InputRecord]:
-        return [record for m in messages if (record := input_record(m)) is not None]
+    def _records(self, messages: list[Message]) -> list[InputRecord]:
+        doing = self._doing()
+        return [
+            record
+            for m in messages
+            if (record := input_record(m, self.client_config, doing)) is not None
+        ]
+
+    def _doing(self) -> dict[str, str]:
+        """What each kind of authorisation refusal means for this member (kafka_access)."""
+        t = self.topics
+        return {
+            "topic": f"READ topic {t.chunks} or WRITE topics {t.audio}, {t.dlq}, {t.progress}",
+            "group": f"READ group {self.config.group}",
+            "transactional id": f"WRITE transactional id {self.config.transactional_id}",
+        }
+
+    def _refusal(self, exc: BaseException) -> CodeclogError | None:
+        return refusal(exc, self.client_config, self._doing())
+
+    def _raise_if_refused(self, exc: BaseException) -> None:
+        """A refused login or ACL ends the member: one line naming the principal, the
+        operation and the resource, exit 2 (README, "Security"); no retry helps."""
+        if (refused := self._refusal(exc)) is not None:
+            raise refused from exc
+        raise_if_denied(exc)  # an authentication failure without an ACL resource: exit 1
 
     def _fetched(self, consumer: Consumer) -> list[Message]:
         """Up to max_records records without waiting for a full batch: what is already fetched
@@ -596,8 +631,8 @@ class VocoderService:
     def _rebuild_after(self, exc: BaseException) -> None:
         """Rewind to the committed offsets, retrying while the cluster does not answer, until
         outage_timeout_s after the first failure (then InfrastructureError: exit 1); an
-        authorization or authentication failure ends the member at once."""
-        raise_if_denied(exc)
+        authorization or authentication failure ends the member at once (exit 2)."""
+        self._raise_if_refused(exc)
         self._note_failure(exc)
         while True:
             try:
@@ -607,7 +642,7 @@ class VocoderService:
             except (KafkaException, StuckCallError, ClusterUnavailableError) as again:
                 if isinstance(again, StuckCallError):
                     self.transactions.wedged = True
-                raise_if_denied(again)
+                self._raise_if_refused(again)
                 log.warning("recovery failed (%s): retrying", one_line(again))
                 self._note_failure(again)
                 if self._stop.wait(RETRY_PAUSE_S):
@@ -697,6 +732,8 @@ class VocoderService:
         try:
             return list(self._consumer.committed(partitions, timeout=self.config.kafka_timeout_s))
         except KafkaException as exc:
+            if (refused := self._refusal(exc)) is not None:
+                raise refused from exc
             raise ClusterUnavailableError(
                 f"cannot read committed offsets: {one_line(exc)}"
             ) from exc

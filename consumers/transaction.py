@@ -39,6 +39,7 @@ from codeclog.consumers.kafka_calls import (
     raise_if_denied,
 )
 from codeclog.consumers.metrics import VocoderMetrics
+from codeclog.errors import CodeclogError
 
 log = logging.getLogger("codeclog.vocode")
 
@@ -70,6 +71,8 @@ class Transactions:
         self._committing: threading.Thread | None = None  # the previous step's commit
         self._commit_error: TransactionError | None = None
         self._generation = 0  # bumped when a stuck commit is abandoned
+        # A refused login or ACL as the error to end with (exit 2), None for any other error
+        self.refusal: Callable[[BaseException], CodeclogError | None] = lambda exc: None
 
     @property
     def abandoned(self) -> int:
@@ -237,6 +240,9 @@ class Transactions:
             log.warning("%s: abandoning the producer, rewinding to the committed offsets", exc)
             self.wedged = True
             return
+        if (refused := self.refusal(exc)) is not None:
+            self.wedged = True
+            raise refused from exc
         error = kafka_error(exc)
         if error is not None and error.code() in FENCED_CODES:
             self.wedged = True  # no abort on a fenced producer: it is unusable

@@ -77,6 +77,12 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from codeclog.errors import CodeclogError, UsageError
+from codeclog.kafka_access import (
+    is_authorization_error,
+    principal_of,
+    raise_if_topic_refused,
+    refusal,
+)
 from codeclog.lag.evaluator import offset_lag
 from codeclog.schemas import wire
 from codeclog.schemas.records import FRAME_SECONDS, CodecChunk
@@ -209,10 +215,18 @@ def _reason(exc: KafkaException) -> str:
     return str(error.str()) if isinstance(error, KafkaError) else str(exc)
 
 
-def _result(future: Future[Any], what: str, timeout_s: float) -> Any:
+def _result(
+    future: Future[Any],
+    what: str,
+    timeout_s: float,
+    config: Mapping[str, Any] | None = None,
+    doing: Mapping[str, str] | None = None,
+) -> Any:
     try:
         return future.result(timeout=timeout_s)
     except KafkaException as exc:
+        if (refused := refusal(exc, config, doing or {})) is not None:
+            raise refused from exc
         raise MeasureError(f"cannot {what}: {_reason(exc)}") from exc
     except TimeoutError as exc:
         raise MeasureError(f"cannot {what}: no answer within {timeout_s:g} s") from exc
@@ -232,6 +246,9 @@ class HeadReader:
         self._frames_of = frames_of
         self._read_timeout_s = read_timeout_s
         self._monotonic = monotonic
+        # Set when the broker refused the read (no READ ACL on the topic): time and audio lag
+        # stay unknown, and the caller says why instead of waiting out read_timeout_s.
+        self.refused: str | None = None
 
     def read(self, topic: str, requests: Sequence[HeadRequest]) -> dict[int, HeadRead]:
         """One HeadRead per request that got a visible record or reached the end."""
@@ -263,7 +280,7 @@ class HeadReader:
         seen: dict[int, list[Message]] = {p: [] for p in pending}
         done: dict[int, HeadRead] = {}
         deadline = self._monotonic() + self._read_timeout_s
-        while pending and self._monotonic() < deadline:
+        while pending and self._monotonic() < deadline and self.refused is None:
             for message in consumer.consume(num_messages=500, timeout=0.1):
                 self._take(consumer, topic, message, pending, seen, done)
         for partition in pending:  # out of time: keep what was read, if anything
@@ -284,6 +301,13 @@ class HeadReader:
         if partition not in pending:
             return
         error = message.error()
+        if error is not None and is_authorization_error(error):
+            self.refused = (
+                f"{principal_of(self._config)} may not READ topic {topic} "
+                f"({error.name()}): time lag and audio lag are unknown; grant it with "
+                "`codeclog acls apply --monitor-reads` if the monitor may read payloads"
+            )
+            return
         if error is not None and error.code() != KafkaError._PARTITION_EOF:
             return  # transient fetch errors: the deadline bounds the wait
         if error is None:
@@ -338,7 +362,13 @@ class LagMeasurer:
         self._read_records = read_records
         self._monotonic = monotonic
         self._reader = HeadReader(client_config, frames_of, read_timeout_s, monotonic)
+        self._config = dict(client_config)
         self._heads: dict[tuple[str, int], HeadRead] = {}
+
+    @property
+    def read_refusal(self) -> str | None:
+        """Why time and audio lag are unknown, when the broker refused the head read."""
+        return self._reader.refused
 
     def close(self) -> None:
         self._heads.clear()  # AdminClient has no close(); dropping the reference frees it
@@ -366,6 +396,7 @@ class LagMeasurer:
             raise MeasureError(f"cannot reach the cluster: {_reason(exc)}") from exc
         found = metadata.topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
+            raise_if_topic_refused(self._config, topic, self._timeout_s)
             raise MeasureError(
                 f"topic {topic!r} does not exist (create it with `codeclog topics create`)"
             )
@@ -380,7 +411,13 @@ class LagMeasurer:
         futures = self._admin.list_consumer_group_offsets(
             [request], request_timeout=self._timeout_s
         )
-        result = _result(futures[group], f"list the offsets of group {group!r}", self._timeout_s)
+        result = _result(
+            futures[group],
+            f"list the offsets of group {group!r}",
+            self._timeout_s,
+            self._config,
+            {"group": f"DESCRIBE group {group}", "topic": f"DESCRIBE topic {topic}"},
+        )
         offsets: dict[int, int | None] = {}
         for tp in result.topic_partitions:
             offsets[tp.partition] = tp.offset if tp.offset >= 0 and tp.error is None else None
@@ -397,7 +434,13 @@ class LagMeasurer:
         )
         offsets: dict[int, int | None] = {}
         for tp, future in futures.items():
-            info = _result(future, f"list the offsets of {topic}[{tp.partition}]", self._timeout_s)
+            info = _result(
+                future,
+                f"list the offsets of {topic}[{tp.partition}]",
+                self._timeout_s,
+                self._config,
+                {"topic": f"DESCRIBE topic {topic}"},
+            )
             offsets[tp.partition] = info.offset if info.offset >= 0 else None
         return offsets
 
@@ -422,6 +465,8 @@ class LagMeasurer:
             error = exc.args[0] if exc.args else None
             if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
                 return "DEAD", 0, set()
+            if refused := refusal(exc, self._config, {"group": f"DESCRIBE group {group}"}):
+                raise refused from exc
             return None, None, None
         except TimeoutError:
             return None, None, None

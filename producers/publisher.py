@@ -30,6 +30,12 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from codeclog.errors import CodeclogError
+from codeclog.kafka_access import (
+    authorization_error,
+    hidden_topic_hint,
+    is_authorization_error,
+    raise_if_topic_refused,
+)
 from codeclog.producers.talker import Record
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk
@@ -153,8 +159,10 @@ def topic_partition_count(
         ) from exc
     found = metadata.topics.get(topic)
     if found is None:
+        raise_if_topic_refused(client_config, topic, timeout_s)
         raise TopicNotReadyError(
-            f"topic {topic!r} does not exist; run `codeclog topics create` first"
+            f"topic {topic!r} does not exist{hidden_topic_hint(client_config)}; run "
+            "`codeclog topics create` first"
         )
     return len(found.partitions)
 
@@ -227,6 +235,9 @@ class ChunkPublisher:
         settings = producer_settings(client_config, self.config)
         settings["error_cb"] = self._on_client_error
         self._producer = producer_factory(settings)
+        self._client_config = dict(client_config)
+        # The first delivery refused by the authorizer: publishing more cannot succeed.
+        self.refused: KafkaError | None = None
         self._on_failure = on_failure
         self._clock = clock
         self._counts = _Counters()
@@ -239,6 +250,7 @@ class ChunkPublisher:
         """Queue one record; delivery is reported later (poll / flush / close)."""
         if self._closed:
             raise PublisherClosedError("the publisher is closed")
+        self.raise_if_refused()
         value = wire.encode(record)
         key = record.request_id.encode("utf-8")
         self._produce(record, key, value)
@@ -289,7 +301,16 @@ class ChunkPublisher:
 
         return on_delivery
 
+    def raise_if_refused(self) -> None:
+        """KafkaAuthorizationError once a delivery was refused by the authorizer."""
+        if self.refused is not None:
+            raise authorization_error(
+                self._client_config, "WRITE", f"topic {self.config.topic}", self.refused
+            )
+
     def _fail(self, record: Record, err: KafkaError) -> None:
+        if is_authorization_error(err) and self.refused is None:
+            self.refused = err
         failure = _failure(record, err)
         self._counts.failed += 1
         self.failures.append(failure)

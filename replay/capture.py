@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from codeclog.kafka_access import is_authorization_error, raise_if_topic_refused, refusal
 from codeclog.replay.capture_format import (
     CapturedRecord,
     CaptureFile,
@@ -299,10 +300,24 @@ class Drainer:
             )
 
 
+class _Refused(Exception):
+    """An authorisation refusal seen while reading; run_capture names principal and ACL."""
+
+    def __init__(self, error: Any) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class _TopicMissing(CaptureError):
+    """The topic is not in the cluster metadata (missing, or hidden from this principal)."""
+
+
 def _raise_on_error(message: Any) -> None:
     error = message.error()
     if error is None:
         return
+    if is_authorization_error(error):
+        raise _Refused(error)
     raise CaptureError(f"the broker refused the capture: {error.str()}")
 
 
@@ -351,7 +366,7 @@ def _describe(admin: Any, spec: CaptureSpec) -> _TopicFacts:
     metadata = admin.list_topics(timeout=spec.timeout_s)
     topic = metadata.topics.get(spec.topic)
     if topic is None or topic.error is not None or not topic.partitions:
-        raise CaptureError(f"topic {spec.topic!r} does not exist on the cluster")
+        raise _TopicMissing(f"topic {spec.topic!r} does not exist on the cluster")
     count = len(topic.partitions)
     partitions = _chosen_partitions(spec, count)
     earliest = _list_offsets(admin, spec, partitions, latest=False)
@@ -443,9 +458,19 @@ def run_capture(
         consumer = Consumer(consumer_config(client_config, spec.group_id))
     except KafkaException as exc:
         raise CaptureError(f"cannot create a Kafka client: {exc.args[0].str()}") from exc
+    doing = {"group": f"READ group {spec.group_id}", "topic": f"READ topic {spec.topic}"}
     try:
         return _capture_with(admin, consumer, spec, out_path, clock_ms, monotonic, progress)
+    except _Refused as exc:
+        refused = refusal(exc.error, client_config, doing)
+        assert refused is not None
+        raise refused from None
+    except _TopicMissing:
+        raise_if_topic_refused(client_config, spec.topic, spec.timeout_s)
+        raise
     except KafkaException as exc:
+        if (refused := refusal(exc, client_config, doing)) is not None:
+            raise refused from exc
         raise CaptureError(f"the capture failed: {exc.args[0].str()}") from exc
     finally:
         consumer.close()

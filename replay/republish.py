@@ -13,6 +13,11 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from codeclog.kafka_access import (
+    authorization_error,
+    is_authorization_error,
+    raise_if_topic_refused,
+)
 from codeclog.replay.capture_format import CapturedRecord, TimestampType
 from codeclog.replay.errors import RepublishError
 from codeclog.replay.inputs import ReplayInput, log_order
@@ -51,6 +56,7 @@ class _Deliveries:
     delivered: int = 0
     failed: int = 0
     first_error: str = ""
+    refused: Any = None  # the first delivery error that is an authorisation refusal
 
     def on_delivery(self, error: Any, message: Any) -> None:
         if error is None:
@@ -58,6 +64,16 @@ class _Deliveries:
             return
         self.failed += 1
         self.first_error = self.first_error or error.str()
+        if self.refused is None and is_authorization_error(error):
+            self.refused = error
+
+
+class _Refused(Exception):
+    """A delivery refused by the authorizer: run_republish names the principal."""
+
+    def __init__(self, error: Any) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 def republish(
@@ -79,6 +95,8 @@ def republish(
         raise RepublishError(
             f"{remaining} record(s) were still undelivered after {flush_timeout_s:.0f} s"
         )
+    if deliveries.refused is not None:
+        raise _Refused(deliveries.refused)
     keys = len({r.key for r in ordered})
     return RepublishSummary(
         len(ordered), deliveries.delivered, deliveries.failed, keys, deliveries.first_error
@@ -134,8 +152,14 @@ def run_republish(
 
     try:
         producer = Producer(producer_config(client_config))
-        check_topic(producer, topic)
+        try:
+            check_topic(producer, topic)
+        except RepublishError:
+            raise_if_topic_refused(client_config, topic)
+            raise
         return republish(producer, topic, records, keep_timestamps, on_progress=on_progress)
+    except _Refused as exc:
+        raise authorization_error(client_config, "WRITE", f"topic {topic}", exc.error) from None
     except KafkaException as exc:
         raise RepublishError(f"republishing to {topic!r} failed: {exc.args[0].str()}") from exc
 

@@ -22,6 +22,7 @@ from codeclog.cluster import (
 from codeclog.errors import CodeclogError, ConfigError, exit_code
 from codeclog.kafka_jars import ENV_KAFKA_LIBS, KAFKA_VERSION, JarFetcher
 from codeclog.paths import ENV_DATA_DIR, default_data_dir
+from codeclog.security import SECURITY_CHOICES, SECURITY_SCRAM
 
 DESCRIPTION = f"""\
 Run a real single-node Apache Kafka {KAFKA_VERSION} broker (KRaft, broker and controller in one
@@ -113,6 +114,16 @@ def _add_start_options(parser: argparse.ArgumentParser) -> None:
         "of a cluster)",
     )
     parser.add_argument(
+        "--security",
+        choices=SECURITY_CHOICES,
+        default=None,
+        help="scram: SASL_SSL with SCRAM-SHA-512 only (a local CA and broker certificate, the "
+        "StandardAuthorizer denying what no ACL allows, the super user admin and the users "
+        "talker, vocoder, monitor, replay; one --kafka-config file per user under "
+        "<data-dir>/security/); none: PLAINTEXT (default: what the data dir holds, none for a "
+        "new one). Chosen at the first start; one broker only (not --nodes)",
+    )
+    parser.add_argument(
         "--timeout-s",
         type=float,
         default=60.0,
@@ -148,6 +159,7 @@ def _broker(args: argparse.Namespace) -> LocalBroker:
         heap_min_mb=min(256, heap_max_mb),
         heap_max_mb=heap_max_mb,
         start_timeout_s=getattr(args, "timeout_s", 60.0),
+        security=getattr(args, "security", None),
     )
     return LocalBroker(_data_dir(args), settings)
 
@@ -170,6 +182,11 @@ def _is_cluster(args: argparse.Namespace) -> bool:
 def _start(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if _is_cluster(args):
+        if getattr(args, "security", None) == SECURITY_SCRAM:
+            raise ConfigError(
+                "--security scram runs one secured broker; a secured --nodes cluster is not "
+                "supported yet"
+            )
         layout = _cluster(args).start(_progress)
         _progress(
             f"{layout.nodes}-node cluster ready in {time.monotonic() - started:.1f} s; logs: "
@@ -179,6 +196,14 @@ def _start(args: argparse.Namespace) -> int:
         return 0
     state = _broker(args).start(_progress)
     _progress(f"broker ready in {time.monotonic() - started:.1f} s; log: {state.log_path}")
+    if state.role_configs:
+        _progress("SASL_SSL + SCRAM-SHA-512; pass one of these as --kafka-config:")
+        for user, path in state.role_configs.items():
+            _progress(f"  {user:<8} {path}")
+        _progress(
+            "then grant the roles: codeclog topics create --acls --kafka-config "
+            f"{state.role_configs['admin']}"
+        )
     print(state.bootstrap)
     return 0
 

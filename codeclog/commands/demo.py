@@ -40,12 +40,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--no-verify", action="store_true", help="skip the exactly-once check")
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="run the same demo on a fresh secured local broker (SASL_SSL + SCRAM-SHA-512, "
+        "ACLs): the talker, vocoder, lag monitor and readers each use their own role",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from codeclog.demo import DemoOptions, run_demo
 
+    if args.secure and args.bootstrap:
+        print("codeclog demo: --secure starts its own broker; drop --bootstrap", file=sys.stderr)
+        return 2
     if args.sessions < 1 or args.seconds <= 0 or args.partitions < 1:
         print(
             "codeclog demo: --sessions, --seconds and --partitions must be positive",
@@ -62,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         verify=not args.no_verify,
         partitions=args.partitions,
+        secure=args.secure,
     )
     try:
         return run_demo(options)

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
 from codeclog.errors import CodeclogError, exit_code
@@ -305,7 +305,9 @@ def _run_lag(args: argparse.Namespace) -> int:
     )
     monitor = LagMonitor(client, args.group, topic, config=config, measurer=measurer)
     try:
-        return _sample_loop(args, monitor)
+        code = _sample_loop(args, monitor)
+        _note_refusal(measurer, "codeclog lag")
+        return code
     finally:
         monitor.close()
         measurer.close()
@@ -369,9 +371,17 @@ def _run_exporter(args: argparse.Namespace) -> int:
         if rounds:
             time.sleep(args.interval)
         sample_all(monitors, collector, wall_clock_ms(), _progress)
+        if rounds == 0:
+            _note_refusal(measurer, "lag-exporter")
         rounds += 1
     measurer.close()
     return EXIT_OK
+
+
+def _note_refusal(measurer: Any, name: str) -> None:
+    """One line when the broker refused the head read (a monitor without READ on payloads)."""
+    if measurer.read_refusal:
+        print(f"{name}: note: {measurer.read_refusal}", file=sys.stderr, flush=True)
 
 
 def _progress(line: str) -> None:

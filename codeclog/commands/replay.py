@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config
-from codeclog.errors import CodeclogError
+from codeclog.errors import EXIT_USAGE, CodeclogError
+from codeclog.kafka_access import KafkaAccessError
 
 DESCRIPTION = """\
 Rerun a captured stream offline through the same fold (and, with --vocoder, the same Code2Wav
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         return _replay(args)
     except (CodeclogError, ConfigError) as exc:
         print(f"codeclog replay: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE if isinstance(exc, KafkaAccessError) else 1
 
 
 def _check_args(args: argparse.Namespace) -> None:

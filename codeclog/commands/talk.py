@@ -131,6 +131,7 @@ def _talk(args: argparse.Namespace) -> int:
         report = publisher.close(args.flush_timeout_s)
         if progress is not None:
             progress.done()
+    publisher.raise_if_refused()  # the authorizer refused the topic: exit 2, one line
     summary = _summary(args, topic, session_scripts, talker.stats, publisher.stats, result)
     # `undelivered`: records that did not reach the log, whatever the reason (equal to `failed`
     # once every delivery report is in); what the final flush alone left is reported apart.

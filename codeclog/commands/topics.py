@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from codeclog.commands.acls import add_acl_args, apply_from_args
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
 from codeclog.errors import CodeclogError, exit_code
 from codeclog.topics import (
@@ -53,6 +54,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "create", help="create missing topics, check existing ones", description=DESCRIPTION
     )
     _add_common(create)
+    create.add_argument(
+        "--acls",
+        action="store_true",
+        help="also apply the role ACLs (`codeclog acls apply`; needs a principal allowed to)",
+    )
+    add_acl_args(create)
     create.set_defaults(func=_guarded(_create))
     listing = actions.add_parser(
         "list", help="list topics: partitions, replication, config", description=DESCRIPTION
@@ -103,6 +110,8 @@ def _create(args: argparse.Namespace) -> int:
             f"RF {outcome.replication_factor or '?'}, "
             f"min ISR {outcome.min_insync_replicas or '?'}): {spec.role}"
         )
+    if args.acls:
+        return apply_from_args(args)
     return 0
 
 

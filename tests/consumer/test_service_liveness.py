@@ -22,6 +22,7 @@ from codeclog.consumers.service import (
     VocodeConfig,
     VocoderService,
 )
+from codeclog.kafka_access import KafkaAccessError
 from codeclog.topics_config import TopicsConfig
 
 
@@ -176,9 +177,10 @@ def test_a_stream_rebuilt_in_another_domain_is_logged_and_counted(
 def test_an_authorization_failure_ends_the_member(code: int) -> None:
     service = _service()
     denied = KafkaException(KafkaError(code, "denied", txn_requires_abort=True))
-    with pytest.raises(InfrastructureError, match="not allowed by the cluster"):
+    # a refused ACL is a configuration error: one line, exit 2 (codeclog.kafka_access)
+    with pytest.raises(KafkaAccessError, match="is not authorised to"):
         service.transactions.handle_error(denied)
-    with pytest.raises(InfrastructureError, match="not allowed by the cluster"):
+    with pytest.raises(KafkaAccessError):
         service._rebuild_after(denied)  # recovery does not retry it for outage_timeout_s
 
 
