@@ -254,7 +254,7 @@ REBUILT = re.compile(r"partition (\d+): restored \d+ requests, rebuilt (\d+) ope
 def _open_streams_written_by(stack: Any, producer_id: str) -> dict[int, set[str]]:
     """Partition -> requests whose newest checkpoint on the progress topic is open and was
     written by `producer_id` (the member that holds them now)."""
-    from codeclog.consumers.service import read_partitions
+    from codeclog.consumers.log_reader import read_partitions
 
     newest: dict[tuple[int, str], Any] = {}
     parts = list(range(stack.topics.partitions))
