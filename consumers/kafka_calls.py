@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaError, KafkaException
 
 from codeclog.errors import CodeclogError
+from codeclog.kafka_access import KafkaAccessError
 
 # librdkafka's own log lines (connection failures, session timeouts, ...) go to this logger,
 # never straight to the terminal; `codeclog vocode -v` shows them.
@@ -97,10 +98,12 @@ def kafka_error(exc: BaseException) -> KafkaError | None:
 
 
 def raise_if_denied(exc: BaseException) -> None:
-    """InfrastructureError for an authorization or authentication failure: no retry helps."""
+    """KafkaAccessError (a configuration error, exit 2) for an authorization or authentication
+    failure no ACL-aware refusal named (codeclog.kafka_access.refusal does, with the principal
+    and resource, where it can): no retry helps."""
     error = kafka_error(exc)
     if error is not None and error.code() in DENIED_CODES:
-        raise InfrastructureError(
+        raise KafkaAccessError(
             f"not allowed by the cluster: {one_line(exc)} (check the ACLs and credentials "
             "of the group, its topics and its transactional id)"
         ) from exc

@@ -11,7 +11,6 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from codeclog.consumers.kafka_calls import (
-    DENIED_CODES,
     KAFKA_LOG,
     ClusterUnavailableError,
     InfrastructureError,
@@ -40,7 +39,7 @@ def input_record(
         refused = refusal(error, client_config, doing or {})
         if refused is not None and refused_kind(error) in (doing or {}):
             raise refused
-        if error.fatal() or error.code() in DENIED_CODES:
+        if error.fatal():
             raise InfrastructureError(f"consumer error: {error.name()}: {error.str()}")
         log.warning("consumer error: %s", error)
         return None

@@ -436,7 +436,7 @@ class VocoderService:
         operation and the resource, exit 2 (README, "Security"); no retry helps."""
         if (refused := self._refusal(exc)) is not None:
             raise refused from exc
-        raise_if_denied(exc)  # an authentication failure without an ACL resource: exit 1
+        raise_if_denied(exc)  # e.g. an authentication failure: no ACL resource to name
 
     def _fetched(self, consumer: Consumer) -> list[Message]:
         """Up to max_records records without waiting for a full batch: what is already fetched

@@ -206,8 +206,13 @@ def test_consumer_errors_retriable_are_skipped_denied_end_the_member() -> None:
     transport = _Message(KafkaError(KafkaError._TRANSPORT, "broker down", retriable=True))
     assert input_record(transport) is None  # type: ignore[arg-type]
     denied = _Message(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
-    with pytest.raises(InfrastructureError, match="TOPIC_AUTHORIZATION_FAILED"):
-        input_record(denied)  # type: ignore[arg-type]
+    doing = {"topic": "READ topic chunks"}
+    with pytest.raises(KafkaAccessError, match="READ topic chunks"):
+        input_record(denied, {}, doing)  # type: ignore[arg-type]
+    # a refusal of a resource this reader does not need (an assign()-only reader's unused
+    # group id): harmless, skipped
+    group = _Message(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED, "denied"))
+    assert input_record(group, {}, doing) is None  # type: ignore[arg-type]
 
 
 class _FailingClose:
