@@ -24,7 +24,7 @@ test: setup
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 unit: setup
 	$(PY) -m pytest -q -m "not kafka"
