@@ -175,6 +175,9 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     budget.mark("first consumer killed")
     second = stack.vocode("k", "--max-records", "8", idle_s=30)  # fences the first's leftover
     budget.wait("state restored", restored(second), second)
+    # Fresh work for the freeze below: on a fast machine the first member may have done the
+    # whole first batch before its kill, leaving the second nothing to hold open.
+    stack.publish_sessions(sessions=6, seconds=6, seed=22)
     while True:  # freeze it inside an open transaction (its commit may win the race)
         budget.wait("an open audio transaction", lambda: _open_audio_transaction(stack, admin),
                     second)  # fmt: skip
