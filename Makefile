@@ -3,7 +3,7 @@ VENV ?= $(or $(CODECLOG_VENV),$(HOME)/.cache/codeclog/venv)
 PY := $(VENV)/bin/python
 export CODECLOG_VENV := $(VENV)
 
-.PHONY: setup demo test lint typecheck unit bench fixture clean
+.PHONY: setup demo test nightly lint typecheck unit bench fixture clean
 
 setup:
 	@bash scripts/bootstrap.sh >/dev/null
@@ -25,6 +25,9 @@ test: setup
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m mypy
 	$(PY) -m pytest -q --durations=25
+
+nightly: setup
+	CODECLOG_NIGHTLY=1 $(PY) -m pytest -q --durations=25
 
 unit: setup
 	$(PY) -m pytest -q -m "not kafka"

@@ -212,6 +212,7 @@ def test_leader_sigkill_and_restart_mid_run_lose_and_duplicate_nothing(
 CI_FAULTS = ("member",)
 
 
+@pytest.mark.nightly  # CI keeps the leader-kill test above; bench/faults.py runs all six
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("fault", CI_FAULTS)
 def test_fault_matrix_loses_and_duplicates_nothing(

@@ -136,7 +136,7 @@ def test_a_broker_crash_and_restart_mid_run_resumes_committing(
     the fix it hung in send_offsets_to_transaction forever, deaf to SIGTERM)."""
     stack, broker = own_stack
     talker = _talk_realtime(stack, sessions=4, seconds=16, seed=1)
-    member = stack.vocode("0", "--max-records", "8", idle_s=10)
+    member = stack.vocode("0", "--max-records", "8", idle_s=30)  # outlives the outage
     stack.wait_for_log(member, "state restored in", 120)
     time.sleep(5.0)  # several steps committed
     _kill_broker(broker)
