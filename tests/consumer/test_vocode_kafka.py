@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import IsolationLevel, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from codeclog.cli import main
@@ -187,6 +187,15 @@ def _audio_ends(stack: Any, admin: AdminClient) -> tuple[dict[int, int], dict[in
     return ends(IsolationLevel.READ_COMMITTED), high
 
 
+def _committed(stack: Any, admin: AdminClient) -> int:
+    """The group's committed chunk offsets, summed: they move only when a transaction commits
+    (its offsets and checkpoints are in it), so a rise proves a member left progress behind."""
+    tps = [TopicPartition(stack.topics.chunks, p) for p in range(stack.topics.partitions)]
+    request = ConsumerGroupTopicPartitions(stack.group, tps)
+    result = admin.list_consumer_group_offsets([request], request_timeout=10)[stack.group]
+    return sum(max(tp.offset, 0) for tp in result.result().topic_partitions)
+
+
 def _open_audio_transaction(stack: Any, admin: AdminClient, baseline: dict[int, int]) -> bool:
     """Some audio partition holds records of a transaction opened after `baseline` (the high
     watermarks when this member started): its last stable offset is at or past the baseline
@@ -199,7 +208,8 @@ def _open_audio_transaction(stack: Any, admin: AdminClient, baseline: dict[int, 
 def test_sigkill_at_random_points_keeps_audio_exactly_once(stack: Any, tiny_engine: Any) -> None:
     """Six SIGKILLs, each checked to have interrupted open work: "during" kills land as soon as
     the first partition is restored (checked: not every partition was restored yet); "after"
-    kills wait until every partition is restored and an audio transaction is open, freeze the
+    kills wait until every partition is restored, the member has committed once (so recovery
+    always has checkpoints to rebuild) and an audio transaction is open, freeze the
     process (SIGSTOP) and check the transaction is still open (its records sit above the last
     stable offset; otherwise its commit won: continue and try again), then kill it and check
     it was left open (the next member's fencing aborts it). Every wait draws on one budget
@@ -222,6 +232,10 @@ def test_sigkill_at_random_points_keeps_audio_exactly_once(stack: Any, tiny_engi
                 lambda p=process: _restored(stack, p) == partitions,
                 process,
             )
+            # this member commits once before the freeze, so the next one has checkpoints to
+            # rebuild from (killed in its first transaction, no member would ever leave any)
+            before = _committed(stack, admin)
+            budget.wait("a first commit", lambda b=before: _committed(stack, admin) > b, process)
             open_work = lambda b=baseline: _open_audio_transaction(stack, admin, b)  # noqa: E731
             while True:  # freeze inside an open transaction (its commit may win the race)
                 budget.wait("an open audio transaction", open_work, process, 0)
