@@ -581,16 +581,15 @@ class LocalBroker:
         return choose_ports(previous, port_is_free, pick_free_port)
 
     def _node_properties(self, ports: BrokerPorts) -> str:
-        secured = None
-        if self._credentials is not None:
-            secured = security.server_security_properties(
-                ports.broker_port,
-                ports.controller_port,
-                HOST,
-                self.security_files,
-                self._credentials,
-            )
-        return render_server_properties(ports, self.log_dirs, secured)
+        return render_server_properties(ports, self.log_dirs, self._secured_properties(ports))
+
+    def _secured_properties(self, ports: BrokerPorts) -> dict[str, str] | None:
+        """The listener, TLS, SASL and authorizer overrides when secured, else None."""
+        if self._credentials is None:
+            return None
+        return security.server_security_properties(
+            ports.broker_port, ports.controller_port, HOST, self.security_files, self._credentials
+        )
 
     def _node_format_args(self) -> list[str]:
         return ["--standalone"]  # goes with controller.quorum.bootstrap.servers

@@ -12,6 +12,11 @@ internal topics and the topic defaults use replication factor min(N, 3) and min.
 2 (1 below three nodes); unclean leader election is off. All nodes are spawned before any is
 awaited: a single node cannot become ready without a controller quorum.
 
+Secured (`BrokerSettings.security="scram"`): every node serves as the secured single broker
+does (codeclog.security), from one set of material in `<data-dir>/security/` (one CA, one broker
+key whose SAN 127.0.0.1 fits every node, one set of SCRAM users formatted into every node); the
+role files name every node.
+
 `kill`, `pause` and `resume` send SIGKILL, SIGSTOP and SIGCONT to one node's JVM (fault drills);
 `restart` stops it (SIGTERM) if it runs and starts it again with the same ports and data.
 """
@@ -32,6 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from codeclog import security
 from codeclog.broker import (
     HOST,
     KILL_WAIT_S,
@@ -148,8 +154,11 @@ class ClusterLayout:
         return cls(cluster_id, tuple(ports))
 
 
-def render_cluster_properties(layout: ClusterLayout, node_id: int, log_dirs: Path) -> str:
-    """server.properties for node `node_id` of the cluster (static controller quorum)."""
+def render_cluster_properties(
+    layout: ClusterLayout, node_id: int, log_dirs: Path, secured: dict[str, str] | None = None
+) -> str:
+    """server.properties for node `node_id` of the cluster (static controller quorum).
+    `secured` (codeclog.security.server_security_properties) replaces the listeners."""
     ports = layout.node_ports(node_id)
     replication, min_isr = replication_for(layout.nodes)
     props = {
@@ -185,6 +194,7 @@ def render_cluster_properties(layout: ClusterLayout, node_id: int, log_dirs: Pat
         "num.recovery.threads.per.data.dir": "1",
         "log.cleaner.dedupe.buffer.size": "2097152",
         "auto.create.topics.enable": "true",
+        **(secured or {}),
     }
     lines = ["# written by codeclog at every start of this node; edits are overwritten"]
     lines += [f"{key}={value}" for key, value in props.items()]
@@ -221,7 +231,22 @@ class ClusterNode(LocalBroker):
         return self.ports
 
     def _node_properties(self, ports: BrokerPorts) -> str:
-        return render_cluster_properties(self.layout, self.node_id, self.log_dirs)
+        secured = self._secured_properties(ports)
+        return render_cluster_properties(self.layout, self.node_id, self.log_dirs, secured)
+
+    @property
+    def security_files(self) -> security.SecurityFiles:
+        # One set for the whole cluster, in its root: one CA, one broker key (its SAN is
+        # 127.0.0.1, every node's address; the controllers' mutual TLS admits every node by
+        # it) and one set of SCRAM users, formatted into every node's bootstrap metadata.
+        return security.security_files(self.data_dir.parent)
+
+    def _security_state(self, bootstrap: str) -> dict[str, Any]:
+        # the role files name every node, whichever node (re)started last
+        return super()._security_state(self.layout.bootstrap)
+
+    def prepare_security(self, java: str, progress: Progress) -> None:
+        self._prepare_security(java, progress)
 
     def _node_format_args(self) -> list[str]:
         return []  # static controller.quorum.voters: no --standalone
@@ -345,6 +370,10 @@ class LocalCluster:
                 progress(f"all {layout.nodes} nodes already run")
                 return layout
             java = resolve_java(self.settings.java)
+            for (
+                node
+            ) in pending:  # one after another: the first makes the material, the rest read it
+                node.prepare_security(java, progress)
             libs_dir = self.settings.fetcher.ensure(progress)
             # Formatting is a JVM each: run them side by side, before any broker competes.
             with concurrent.futures.ThreadPoolExecutor(len(pending)) as pool:
@@ -365,6 +394,18 @@ class LocalCluster:
                         process.wait(timeout=KILL_WAIT_S)
                 raise
             return layout
+
+    def role_configs(self) -> dict[str, Path]:
+        """user -> its librdkafka properties file, for a secured cluster (empty otherwise)."""
+        files = security.security_files(self.data_dir)
+        if not files.complete():
+            return {}
+        users = security.read_credentials(files).users
+        return {
+            user: files.role_properties(user)
+            for user in users
+            if files.role_properties(user).exists()
+        }
 
     def stop(self, progress: Progress = _quiet) -> dict[int, StopResult]:
         """SIGTERM every node at once (so the quorum lives while they shut down), SIGKILL

@@ -39,6 +39,9 @@ def input_record(
         refused = refusal(error, client_config, doing or {})
         if refused is not None and refused_kind(error) in (doing or {}):
             raise refused
+        if refused is not None:  # not a resource this reader uses: nothing for the user to fix
+            log.debug("skipped a refusal of a resource this reader does not use: %s", error)
+            return None
         if error.fatal():
             raise InfrastructureError(f"consumer error: {error.name()}: {error.str()}")
         log.warning("consumer error: %s", error)

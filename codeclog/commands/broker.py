@@ -22,7 +22,7 @@ from codeclog.cluster import (
 from codeclog.errors import CodeclogError, ConfigError, exit_code
 from codeclog.kafka_jars import ENV_KAFKA_LIBS, KAFKA_VERSION, JarFetcher
 from codeclog.paths import ENV_DATA_DIR, default_data_dir
-from codeclog.security import SECURITY_CHOICES, SECURITY_SCRAM
+from codeclog.security import SECURITY_CHOICES, SUPER_USER
 
 DESCRIPTION = f"""\
 Run a real single-node Apache Kafka {KAFKA_VERSION} broker (KRaft, broker and controller in one
@@ -121,7 +121,8 @@ def _add_start_options(parser: argparse.ArgumentParser) -> None:
         "StandardAuthorizer denying what no ACL allows, the super user admin and the users "
         "talker, vocoder, monitor, replay; one --kafka-config file per user under "
         "<data-dir>/security/); none: PLAINTEXT (default: what the data dir holds, none for a "
-        "new one). Chosen at the first start; one broker only (not --nodes)",
+        "new one). Chosen at the first start, for one broker or a whole --nodes cluster (one CA, "
+        "one broker key and one set of users for every node; role files name every node)",
     )
     parser.add_argument(
         "--timeout-s",
@@ -170,6 +171,7 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
         heap_min_mb=min(NODE_HEAP_MIN_MB, heap_max_mb),
         heap_max_mb=heap_max_mb,
         start_timeout_s=getattr(args, "timeout_s", 60.0) * 2,  # three JVMs share the cores
+        security=getattr(args, "security", None),
     )
     return LocalCluster(_data_dir(args), getattr(args, "nodes", None), settings)
 
@@ -182,30 +184,32 @@ def _is_cluster(args: argparse.Namespace) -> bool:
 def _start(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if _is_cluster(args):
-        if getattr(args, "security", None) == SECURITY_SCRAM:
-            raise ConfigError(
-                "--security scram runs one secured broker; a secured --nodes cluster is not "
-                "supported yet"
-            )
-        layout = _cluster(args).start(_progress)
+        cluster = _cluster(args)
+        layout = cluster.start(_progress)
         _progress(
             f"{layout.nodes}-node cluster ready in {time.monotonic() - started:.1f} s; logs: "
             f"{_data_dir(args)}/node-N/broker.log"
         )
+        _print_role_configs({user: str(path) for user, path in cluster.role_configs().items()})
         print(layout.bootstrap)
         return 0
     state = _broker(args).start(_progress)
     _progress(f"broker ready in {time.monotonic() - started:.1f} s; log: {state.log_path}")
-    if state.role_configs:
-        _progress("SASL_SSL + SCRAM-SHA-512; pass one of these as --kafka-config:")
-        for user, path in state.role_configs.items():
-            _progress(f"  {user:<8} {path}")
-        _progress(
-            "then grant the roles: codeclog topics create --acls --kafka-config "
-            f"{state.role_configs['admin']}"
-        )
+    _print_role_configs(state.role_configs or {})
     print(state.bootstrap)
     return 0
+
+
+def _print_role_configs(role_configs: dict[str, str]) -> None:
+    if not role_configs:
+        return
+    _progress("SASL_SSL + SCRAM-SHA-512; pass one of these as --kafka-config:")
+    for user, path in role_configs.items():
+        _progress(f"  {user:<8} {path}")
+    _progress(
+        "then grant the roles: codeclog topics create --acls --kafka-config "
+        f"{role_configs[SUPER_USER]}"
+    )
 
 
 def _stop(args: argparse.Namespace) -> int:

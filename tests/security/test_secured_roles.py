@@ -254,7 +254,6 @@ def test_a_vocoder_missing_an_acl_exits_2_and_dead_letters_nothing(
 
 
 @pytest.mark.vocoder
-@pytest.mark.nightly  # 66 s of CI; the roles test runs the vocoder's ACLs, test_vocode_kafka the kills
 @pytest.mark.timeout(500)
 def test_sigkill_and_a_rebalance_under_the_vocoder_acls_keep_audio_exactly_once(
     secure_stack: SecureStack, tiny_engine: Any

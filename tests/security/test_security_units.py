@@ -113,3 +113,29 @@ def test_an_authorisation_refusal_names_principal_operation_and_resource() -> No
     )
     assert refusal(FakeError("NOT_LEADER_FOR_PARTITION"), {}, {}) is None
     assert principal_of({}) == "User:ANONYMOUS"
+
+
+def test_a_secured_cluster_node_keeps_its_quorum_and_shares_one_set_of_material(
+    tmp_path: Path,
+) -> None:
+    from codeclog.broker import BrokerSettings
+    from codeclog.cluster import ClusterLayout, ClusterNode, render_cluster_properties
+
+    ports = (BrokerPorts(1001, 2001), BrokerPorts(1002, 2002), BrokerPorts(1003, 2003))
+    layout = ClusterLayout("abc", ports)
+    node = ClusterNode(tmp_path / "node-2", BrokerSettings(security="scram"), 2, layout)
+    assert node.security_files.root == tmp_path / "security"  # the cluster's, not the node's
+    secured = server_security_properties(1002, 2002, "127.0.0.1", node.security_files, _creds())
+    text = render_cluster_properties(layout, 2, tmp_path / "node-2" / "kafka", secured)
+    props = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    assert props["listeners"] == "SASL_SSL://127.0.0.1:1002,CONTROLLER://127.0.0.1:2002"
+    assert props["advertised.listeners"] == "SASL_SSL://127.0.0.1:1002"
+    assert "PLAINTEXT" not in props["listener.security.protocol.map"]
+    assert props["controller.quorum.voters"] == layout.voters
+    assert props["min.insync.replicas"] == "2"
+    # whichever node starts last, every role file names every node
+    node.security_files.root.mkdir()
+    node._credentials = _creds()
+    state = node._security_state("127.0.0.1:1002")
+    talker = Path(state["role_configs"]["talker"]).read_text()
+    assert "bootstrap.servers=127.0.0.1:1001,127.0.0.1:1002,127.0.0.1:1003" in talker
