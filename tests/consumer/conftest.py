@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,53 @@ from codeclog.topics import ensure_topics
 from codeclog.topics_config import TopicsConfig
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+class LiveTalker:
+    """A realtime talker in a background thread (streams stay open for `seconds`): one
+    ChunkPublisher through the whole run, closed with `close_s` to deliver what it holds."""
+
+    def __init__(self, stack: Stack, sessions: int, seconds: float, seed: int, **options: Any):
+        self.failed: int | None = None  # the publisher's failed deliveries, once it closed
+        self._args = (stack, sessions, seconds, seed)
+        self._producer_id = options.pop("producer_id", "live-talker")
+        self._close_s = options.pop("close_s", 60.0)
+        self._config = options  # more PublisherConfig fields (delivery_timeout_ms, ...)
+        self._thread = threading.Thread(target=self._talk, daemon=True)
+        self._thread.start()
+
+    def _talk(self) -> None:
+        from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
+        from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
+        from codeclog.producers.talker import Talker, wall_clock_ms
+
+        stack, sessions, seconds, seed = self._args
+        config = PublisherConfig(
+            topic=stack.topics.chunks, producer_id=self._producer_id, **self._config
+        )
+        publisher = ChunkPublisher(stack.client, config)
+        talker = Talker(publisher, producer_id=self._producer_id, native_duplex=True)
+        play(
+            merged(scripts(SyntheticConfig(sessions=sessions, seconds=seconds, seed=seed))),
+            talker.apply,
+            total_s=seconds,
+            realtime=True,
+            clock=time.monotonic,
+            sleep=time.sleep,
+            now_ms=wall_clock_ms,
+        )
+        publisher.close(self._close_s)
+        self.failed = publisher.stats.failed
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def delivered_everything(self) -> bool:
+        return not self.is_alive() and self.failed == 0
 
 
 @dataclasses.dataclass
@@ -107,6 +155,13 @@ class Stack:
             time.sleep(0.2)
         raise AssertionError(f"no {text!r} in {path} after {timeout_s} s:\n{self.logs()}")
 
+    def kill_processes(self) -> None:
+        """SIGKILL every process this stack started that still runs (test teardown)."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+
     def logs(self) -> str:
         return "\n".join(
             p.read_text(errors="replace")[-3000:] for p in sorted(self.tmp.glob("*.log"))
@@ -117,22 +172,26 @@ class Stack:
 def stack(
     kafka_bootstrap: str, unique_name: Callable[[str], str], tmp_path: Path
 ) -> Iterator[Stack]:
-    topics = TopicsConfig(
-        chunks=unique_name("chunks"),
-        audio=unique_name("audio"),
-        dlq=unique_name("dlq"),
-        progress=unique_name("progress"),
-        partitions=4,
-    )
+    topics = fresh_topics(unique_name)
     ensure_topics({"bootstrap.servers": kafka_bootstrap}, topics)
-    topics_file = tmp_path / "topics.json"
-    topics_file.write_text(json.dumps(dataclasses.asdict(topics)))
-    result = Stack(kafka_bootstrap, topics, topics_file, unique_name("group"), tmp_path)
+    result = Stack(
+        kafka_bootstrap, topics, topics_file(topics, tmp_path), unique_name("group"), tmp_path
+    )
     yield result
-    for process in result.processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
+    result.kill_processes()
+
+
+def fresh_topics(unique_name: Callable[[str], str], partitions: int = 4) -> TopicsConfig:
+    """One test's own topic names (4 partitions unless told)."""
+    names = {kind: unique_name(kind) for kind in ("chunks", "audio", "dlq", "progress")}
+    return TopicsConfig(**names, partitions=partitions)
+
+
+def topics_file(topics: TopicsConfig, folder: Path) -> Path:
+    """`topics` as the JSON file `--topics-config` reads."""
+    path = folder / "topics.json"
+    path.write_text(json.dumps(dataclasses.asdict(topics)))
+    return path
 
 
 @pytest.fixture(scope="session")

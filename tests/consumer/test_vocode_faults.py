@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from codeclog.broker import BrokerSettings, LocalBroker
 from codeclog.consumers.verify import verify
 from codeclog.topics import ensure_topics
 from codeclog.topics_config import TopicsConfig
-from tests.consumer.conftest import Stack
+from tests.consumer.conftest import LiveTalker, Stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
 
@@ -81,38 +80,6 @@ def _kill_broker(broker: LocalBroker) -> None:
         time.sleep(0.1)
 
 
-def _talk_realtime(stack: Stack, sessions: int, seconds: float, seed: int) -> threading.Thread:
-    """A live talker in the background; its deliveries outlast a broker restart."""
-    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
-    from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
-    from codeclog.producers.talker import Talker, wall_clock_ms
-
-    failures: list[int] = []
-
-    def talk() -> None:
-        config = PublisherConfig(
-            topic=stack.topics.chunks, producer_id="fault-talker", delivery_timeout_ms=180_000
-        )
-        publisher = ChunkPublisher(stack.client, config)
-        talker = Talker(publisher, producer_id="fault-talker", native_duplex=True)
-        play(
-            merged(scripts(SyntheticConfig(sessions=sessions, seconds=seconds, seed=seed))),
-            talker.apply,
-            total_s=seconds,
-            realtime=True,
-            clock=time.monotonic,
-            sleep=time.sleep,
-            now_ms=wall_clock_ms,
-        )
-        publisher.close(180)
-        failures.append(publisher.stats.failed)
-
-    thread = threading.Thread(target=talk, daemon=True)
-    thread.failures = failures  # type: ignore[attr-defined]
-    thread.start()
-    return thread
-
-
 def _committed_everything(stack: Stack) -> bool:
     consumer = Consumer(
         {**stack.client, "group.id": stack.group, "isolation.level": "read_committed"}
@@ -135,7 +102,9 @@ def test_a_broker_crash_and_restart_mid_run_resumes_committing(
     same data dir: the member abandons the stuck call, rebuilds, and commits again (before
     the fix it hung in send_offsets_to_transaction forever, deaf to SIGTERM)."""
     stack, broker = own_stack
-    talker = _talk_realtime(stack, sessions=4, seconds=16, seed=1)
+    talker = LiveTalker(
+        stack, 4, 16, 1, producer_id="fault-talker", delivery_timeout_ms=180_000, close_s=180
+    )
     member = stack.vocode("0", "--max-records", "8", idle_s=30)  # outlives the outage
     stack.wait_for_log(member, "state restored in", 120)
     time.sleep(5.0)  # several steps committed
@@ -144,7 +113,7 @@ def test_a_broker_crash_and_restart_mid_run_resumes_committing(
     time.sleep(3.0)
     broker.start()
     talker.join(240)
-    assert not talker.is_alive() and talker.failures == [0]  # type: ignore[attr-defined]
+    assert talker.delivered_everything
     code = member.wait(240)
     elapsed = time.monotonic() - killed_at
     log = stack.logs()

@@ -22,6 +22,7 @@ from codeclog.consumers.service import VocodeConfig, VocoderService
 from codeclog.consumers.verify import actual_audio, verify
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk, CodecChunk, DeadLetter
+from tests.consumer.conftest import LiveTalker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
 
@@ -306,7 +307,7 @@ def test_two_members_and_a_rebalance_mid_stream_keep_audio_exactly_once(
     stack.wait_for_log(first, "state restored in", 120)
     second = stack.vocode("b", idle_s=15)  # joins: partitions move
     stack.wait_for_log(second, "state restored in", 120)
-    live = _talk_live(stack, sessions=6, seconds=12, seed=10)
+    live = LiveTalker(stack, sessions=6, seconds=12, seed=10)
     # Wait (bounded) until the first member committed open streams of the live sessions on a
     # partition it holds, then make it leave while they are still open.
     holder = f"{stack.group}-a"
@@ -319,7 +320,7 @@ def test_two_members_and_a_rebalance_mid_stream_keep_audio_exactly_once(
     first.send_signal(signal.SIGTERM)  # leaves mid-stream: its partitions move to the second
     assert first.wait(120) == 0, stack.logs()
     live.join(120)
-    assert not live.is_alive() and live.failures == [0], stack.logs()  # type: ignore[attr-defined]
+    assert live.delivered_everything, stack.logs()
     assert second.wait(240) == 0, stack.logs()
     second_log = stack.log_of[second.pid].read_text(errors="replace")
     moved = {int(p): int(n) for p, n in REBUILT.findall(second_log)}
@@ -329,36 +330,6 @@ def test_two_members_and_a_rebalance_mid_stream_keep_audio_exactly_once(
     )
     report = verify(stack.client, stack.topics, tiny_engine)
     assert report.ok, (report.to_dict(), stack.logs())
-
-
-def _talk_live(stack: Any, sessions: int, seconds: float, seed: int) -> threading.Thread:
-    """A realtime talker in the background (streams stay open for `seconds`)."""
-    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
-    from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
-    from codeclog.producers.talker import Talker, wall_clock_ms
-
-    failures: list[int] = []
-
-    def talk() -> None:
-        config = PublisherConfig(topic=stack.topics.chunks, producer_id="live-talker")
-        publisher = ChunkPublisher(stack.client, config)
-        talker = Talker(publisher, producer_id="live-talker", native_duplex=True)
-        play(
-            merged(scripts(SyntheticConfig(sessions=sessions, seconds=seconds, seed=seed))),
-            talker.apply,
-            total_s=seconds,
-            realtime=True,
-            clock=time.monotonic,
-            sleep=time.sleep,
-            now_ms=wall_clock_ms,
-        )
-        publisher.close(60)
-        failures.append(publisher.stats.failed)
-
-    thread = threading.Thread(target=talk, daemon=True)
-    thread.failures = failures  # type: ignore[attr-defined]
-    thread.start()
-    return thread
 
 
 def _poison(stack: Any) -> list[tuple[bytes | None, bytes]]:

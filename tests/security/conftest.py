@@ -10,9 +10,7 @@ ACLs on it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,10 +21,10 @@ import pytest
 
 from codeclog.acls import apply_acls, role_acls
 from codeclog.broker import BrokerSettings, BrokerState, LocalBroker
-from codeclog.config import TopicsConfig, read_properties
+from codeclog.config import read_properties
 from codeclog.kafka_jars import JarFetcher
 from codeclog.topics import ensure_topics
-from tests.consumer.conftest import Stack, tiny_engine
+from tests.consumer.conftest import Stack, fresh_topics, tiny_engine, topics_file
 
 __all__ = ["tiny_engine"]  # the session vocoder fixture, shared with tests/consumer
 
@@ -128,26 +126,20 @@ def _wait_acls_visible(admin: dict[str, str], expected: int, timeout_s: float = 
 def secure_stack(
     secure_broker: SecureBroker, unique_name: Callable[[str], str], tmp_path: Path
 ) -> Iterator[SecureStack]:
-    topics = TopicsConfig(
-        chunks=unique_name("chunks"),
-        audio=unique_name("audio"),
-        dlq=unique_name("dlq"),
-        progress=unique_name("progress"),
-        partitions=4,
-    )
+    topics = fresh_topics(unique_name)
     group = unique_name("group")
     admin = secure_broker.config("admin")
     ensure_topics(admin, topics)
     specs = role_acls(topics, group=group)
     apply_acls(admin, specs)
     _wait_acls_visible(admin, len(specs))
-    topics_file = tmp_path / "topics.json"
-    topics_file.write_text(json.dumps(dataclasses.asdict(topics)))
     stack = SecureStack(
-        secure_broker.state.bootstrap, topics, topics_file, group, tmp_path, secure=secure_broker
+        secure_broker.state.bootstrap,
+        topics,
+        topics_file(topics, tmp_path),
+        group,
+        tmp_path,
+        secure=secure_broker,
     )
     yield stack
-    for process in stack.processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
+    stack.kill_processes()
