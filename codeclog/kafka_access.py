@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from codeclog.errors import UsageError
@@ -54,6 +54,14 @@ def principal_of(config: Mapping[str, Any]) -> str:
 def refused_kind(error: Any) -> str | None:
     """ "topic", "group", "transactional id" or "cluster" for an authorisation refusal."""
     return AUTHORIZATION_CODES.get(error.name()) if is_authorization_error(error) else None
+
+
+def refusal_of_unused(error: Any, needs: Iterable[str]) -> bool:
+    """True for an authorisation refusal of a resource kind (`refused_kind`) the reader does
+    not use, e.g. an assign()-only reader's group id: librdkafka sends FindCoordinator for it
+    although the reader commits nothing, and a least-privilege role may be refused that."""
+    kind = refused_kind(error)
+    return kind is not None and kind not in needs
 
 
 def is_authorization_error(error: Any) -> bool:

@@ -16,7 +16,7 @@ from codeclog.consumers.kafka_calls import (
     InfrastructureError,
 )
 from codeclog.consumers.pipeline import InputRecord, Position
-from codeclog.kafka_access import refusal, refused_kind
+from codeclog.kafka_access import refusal, refusal_of_unused, refused_kind
 
 log = logging.getLogger("codeclog.vocode")
 
@@ -34,14 +34,12 @@ def input_record(
     if error is not None:
         if error.code() == KafkaError._PARTITION_EOF:
             return None
-        # Only for the resources this reader needs: an assign()-only reader does
-        # FindCoordinator for its unused group.id and may be refused that harmlessly.
+        if refusal_of_unused(error, doing or {}):  # nothing for the user to fix
+            log.debug("skipped a refusal of a resource this reader does not use: %s", error)
+            return None
         refused = refusal(error, client_config, doing or {})
         if refused is not None and refused_kind(error) in (doing or {}):
             raise refused
-        if refused is not None:  # not a resource this reader uses: nothing for the user to fix
-            log.debug("skipped a refusal of a resource this reader does not use: %s", error)
-            return None
         if error.fatal():
             raise InfrastructureError(f"consumer error: {error.name()}: {error.str()}")
         log.warning("consumer error: %s", error)

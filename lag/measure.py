@@ -82,6 +82,7 @@ from codeclog.kafka_access import (
     principal_of,
     raise_if_topic_refused,
     refusal,
+    refusal_of_unused,
 )
 from codeclog.lag.evaluator import offset_lag
 from codeclog.schemas import wire
@@ -301,8 +302,8 @@ class HeadReader:
         if partition not in pending:
             return
         error = message.error()
-        if error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-            return  # the assign()-only reader's unused group id: harmless (it commits nothing)
+        if error is not None and refusal_of_unused(error, ("topic",)):
+            return  # the assign()-only head reader needs only the topic (READ)
         if error is not None and is_authorization_error(error):
             self.refused = (
                 f"{principal_of(self._config)} may not READ topic {topic} "

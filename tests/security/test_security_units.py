@@ -139,3 +139,14 @@ def test_a_secured_cluster_node_keeps_its_quorum_and_shares_one_set_of_material(
     state = node._security_state("127.0.0.1:1002")
     talker = Path(state["role_configs"]["talker"]).read_text()
     assert "bootstrap.servers=127.0.0.1:1001,127.0.0.1:1002,127.0.0.1:1003" in talker
+
+
+def test_a_refusal_of_a_resource_the_reader_does_not_use_is_told_apart() -> None:
+    from codeclog.kafka_access import refusal_of_unused
+
+    group = FakeError("GROUP_AUTHORIZATION_FAILED")
+    topic = FakeError("TOPIC_AUTHORIZATION_FAILED")
+    assert refusal_of_unused(group, ("topic",))  # an assign()-only reader's group id
+    assert not refusal_of_unused(topic, ("topic",))
+    assert not refusal_of_unused(group, ("topic", "group"))
+    assert not refusal_of_unused(FakeError("_TRANSPORT"), ())  # not a refusal at all
