@@ -811,14 +811,19 @@ class LocalBroker:
     def _clear_state(self) -> None:
         self.state_path.unlink(missing_ok=True)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with (self.data_dir / LOCK_FILE).open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.data_dir / LOCK_FILE)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path` (created if missing) for the block: one CLI at a time."""
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _run_format(command: list[str], log_dirs: Path) -> None:

@@ -27,13 +27,12 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import enum
-import fcntl
 import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ from codeclog.broker import (
     BrokerStatusKind,
     LocalBroker,
     StopResult,
+    file_lock,
     new_cluster_id,
     pick_free_port,
     pid_runs_broker,
@@ -533,14 +533,8 @@ class LocalCluster:
                 f"cannot create the data dir {self.data_dir}: {exc.strerror}"
             ) from exc
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with (self.data_dir / CLUSTER_LOCK).open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.data_dir / CLUSTER_LOCK)
 
 
 def cluster_bootstrap(data_dir: Path) -> str | None:
