@@ -51,11 +51,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="acls_action", metavar="ACTION", required=True)
-    apply = actions.add_parser("apply", help="create the ACLs", description=DESCRIPTION)
+    apply = actions.add_parser(
+        "apply",
+        help="create the ACLs",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_kafka_args(apply)
     add_acl_args(apply)
     apply.set_defaults(func=_guarded(_apply))
-    show = actions.add_parser("show", help="print the ACL table only", description=DESCRIPTION)
+    show = actions.add_parser(
+        "show",
+        help="print the ACL table only",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     show.add_argument("--topics-config", metavar="FILE", help="JSON topic names (see topics)")
     add_acl_args(show)
     show.set_defaults(func=_guarded(_show))

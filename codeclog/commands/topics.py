@@ -51,7 +51,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     actions = parser.add_subparsers(dest="topics_action", metavar="ACTION", required=True)
     create = actions.add_parser(
-        "create", help="create missing topics, check existing ones", description=DESCRIPTION
+        "create",
+        help="create missing topics, check existing ones",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_common(create)
     create.add_argument(
@@ -62,7 +66,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_acl_args(create)
     create.set_defaults(func=_guarded(_create))
     listing = actions.add_parser(
-        "list", help="list topics: partitions, replication, config", description=DESCRIPTION
+        "list",
+        help="list topics: partitions, replication, config",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_common(listing)
     listing.add_argument("--all", action="store_true", help="include internal (__*) topics")
