@@ -52,7 +52,7 @@ def portable_engine() -> Any:
 
 
 def _vocode(stack: Any, engine: Any) -> None:
-    config = VocodeConfig(group=stack.group, exit_when_idle_s=5.0)
+    config = VocodeConfig(group=stack.group, exit_when_idle_s=2.0)  # published before: drained
     assert VocoderService(stack.client, stack.topics, config, engine).run() == 0
 
 

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
 
 
 def _run_in_process(stack: Any, engine: Any, instance: str = "0") -> VocoderService:
-    config = VocodeConfig(group=stack.group, instance_id=instance, exit_when_idle_s=5.0)
+    config = VocodeConfig(group=stack.group, instance_id=instance, exit_when_idle_s=2.0)
     service = VocoderService(stack.client, stack.topics, config, engine)
     assert service.run() == 0
     return service
