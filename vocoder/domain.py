@@ -7,7 +7,10 @@ bytewise exactly when their domains are equal.
     native:torch2.15:cuda13.2:NVIDIA-H200         native CUDA kernels (deterministic settings)
 
 Environment knobs that change which native kernels run (MKL_CBWR, ONEDNN_MAX_CPU_ISA,
-ATEN_CPU_CAPABILITY) add a `:env-<hash>` suffix. The portable domain carries a version number
+ATEN_CPU_CAPABILITY) add a `:env-<hash>` suffix. An engine appends what else decides its bytes
+(`engine_domain_suffix`): `:bfloat16` / `:float16` for a flow not in float32, `:causal` for the
+causal HiFT (scheme B), `:ragged` for ragged batching; the defaults add nothing, so a float32
+scheme-A exact engine's domain is the bare one above. The portable domain carries a version number
 (`portable1`): a change to vocoder/kernels that moves any byte must bump it.
 """
 
@@ -21,6 +24,7 @@ import torch
 
 from codeclog.vocoder.determinism import DeterminismSettings, planned_settings
 from codeclog.vocoder.kernels import Kernels
+from codeclog.vocoder.shared import CAUSAL_DOMAIN_TAG
 
 PORTABLE_VERSION = 1
 _KERNEL_ENV = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
@@ -46,6 +50,17 @@ def determinism_domain(
     if knobs:
         parts.append("env-" + hashlib.sha256("\n".join(knobs).encode()).hexdigest()[:8])
     return ":".join(parts)
+
+
+def engine_domain_suffix(dtype: str, hift_variant: str, batching: str) -> str:
+    """What an engine's options add to its domain (each a different domain: different bytes).
+    `:ragged` last: a row's bytes then depend on its batch mates' shapes."""
+    parts = [f":{dtype}"] if dtype != "float32" else []
+    if hift_variant == CAUSAL_DOMAIN_TAG:
+        parts.append(f":{CAUSAL_DOMAIN_TAG}")
+    if batching == "ragged":
+        parts.append(":ragged")
+    return "".join(parts)
 
 
 def is_portable(domain: str) -> bool:
