@@ -23,19 +23,25 @@ from codeclog.vocoder.engine import Code2WavEngine, WindowRejectedError, WindowR
 from codeclog.vocoder.errors import VocoderConfigError
 from codeclog.vocoder.flow import canonical_windows
 from codeclog.vocoder.stream_state import StreamState
-from tests.vocoder.test_causal_hift_parity import (
-    UpstreamStream,
-    parity_weights,
-    upstream_model,
-)
-from tests.vocoder.test_causal_hift_parity import (
-    upstream as upstream,  # noqa: F401  (the module fixture)
-)
+from tests.vocoder.reference import import_causal_reference
+from tests.vocoder.test_causal_hift_parity import UpstreamStream, parity_weights, upstream_model
 
 pytestmark = pytest.mark.vocoder
 IDS = [4218] * 3 + [(i * 7919 + 13) % 6561 for i in range(57)]  # 60 ids: 28, 28, final 10
 WINDOWS = canonical_windows(IDS)
 NEW_MEL_FRAMES = [2 * 25, 2 * 25, 2 * 10]
+
+
+@pytest.fixture(scope="module")
+def upstream() -> tuple[Any, Any, Any]:
+    """minicpmo-utils 1.0.7's causal_vocoder modules (as test_causal_hift_parity loads them)."""
+    return tuple(  # type: ignore[return-value]
+        import_causal_reference(
+            "causal_vocoder.generator",
+            "causal_vocoder.f0_predictor",
+            "causal_vocoder.bounded_vocoder",
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +75,7 @@ def test_windows_follow_the_scheme_b_sample_rule(causal: Code2WavEngine) -> None
     assert state.finished and state.held_samples == 0 and state.hift_variant == "causal"
 
 
-def test_engine_stream_equals_upstream_bounded_vocoder(upstream: Any) -> None:  # noqa: F811
+def test_engine_stream_equals_upstream_bounded_vocoder(upstream: Any) -> None:
     flow, _ = load_fixture()
     model = build_causal_hift(CausalHiftConfig.tiny())
     parity_weights(model, seed=2)
