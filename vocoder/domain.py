@@ -24,7 +24,7 @@ import torch
 
 from codeclog.vocoder.determinism import DeterminismSettings, planned_settings
 from codeclog.vocoder.kernels import Kernels
-from codeclog.vocoder.shared import CAUSAL_DOMAIN_TAG
+from codeclog.vocoder.shared import CAUSAL_DOMAIN_TAG, domain_hift_variant
 
 PORTABLE_VERSION = 1
 _KERNEL_ENV = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
@@ -63,6 +63,14 @@ def engine_domain_suffix(dtype: str, hift_variant: str, batching: str) -> str:
     return "".join(parts)
 
 
+def hift_variant_reproducing(domains: frozenset[str]) -> str:
+    """The HiFT variant that reproduces audio written in `domains`: causal when every window
+    of a known domain was written by a causal engine, noncausal otherwise (the default)."""
+    known = [domain for domain in domains if domain]
+    causal = bool(known) and all(domain_hift_variant(d) == CAUSAL_DOMAIN_TAG for d in known)
+    return CAUSAL_DOMAIN_TAG if causal else "noncausal"
+
+
 def is_portable(domain: str) -> bool:
     return domain.startswith("portable")
 
@@ -74,12 +82,13 @@ def planned_domain(device: str, kernels: Kernels, threads: int | None = None) ->
 
 
 def kernels_reproducing(
-    domains: frozenset[str], device: str, threads: int | None = None
+    domains: frozenset[str], device: str, threads: int | None = None, suffix: str = ""
 ) -> Kernels:
     """The kernels that reproduce audio written in `domains` bytewise here: native when every
-    window was written in this machine's native domain, portable otherwise (portable audio is
-    then compared bytewise, anything else by the numeric bound)."""
-    native = planned_domain(device, Kernels.NATIVE, threads)
+    window was written in this machine's native domain (plus the replaying engine's `suffix`,
+    engine_domain_suffix), portable otherwise (portable audio is then compared bytewise,
+    anything else by the numeric bound)."""
+    native = planned_domain(device, Kernels.NATIVE, threads) + suffix
     if domains and all(domain == native for domain in domains):
         return Kernels.NATIVE
     return Kernels.PORTABLE

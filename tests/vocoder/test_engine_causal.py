@@ -150,3 +150,23 @@ def test_ragged_batching_and_cpu_float16_are_refused() -> None:
         Code2WavEngine(flow, model, batching="ragged")
     with pytest.raises(VocoderConfigError, match=r"float16 \(half precision\) is for CUDA"):
         Code2WavEngine(flow, model, dtype="float16")
+
+
+def test_verify_replays_causal_audio_with_the_causal_hift() -> None:
+    """verify's engine follows the audio's own variant (its domains); native kernels only
+    when every window is in this machine's native domain with that variant."""
+    from codeclog.commands.verify import _engine_factory
+    from codeclog.vocoder.domain import hift_variant_reproducing, kernels_reproducing
+    from codeclog.vocoder.domain import planned_domain as planned
+    from codeclog.vocoder.kernels import Kernels
+
+    native = planned("cpu", Kernels.NATIVE)
+    causal = frozenset({native + ":causal"})
+    assert hift_variant_reproducing(causal) == "causal"
+    assert hift_variant_reproducing(causal | {""}) == "causal"  # unknown (v1) windows: no say
+    assert hift_variant_reproducing(causal | {native}) == "noncausal"
+    assert hift_variant_reproducing(frozenset()) == "noncausal"
+    assert kernels_reproducing(causal, "cpu", suffix=":causal") is Kernels.NATIVE
+    assert kernels_reproducing(causal, "cpu") is Kernels.PORTABLE
+    engine = _engine_factory("tiny", "cpu", "auto")(causal)
+    assert engine.domain == native + ":causal"
