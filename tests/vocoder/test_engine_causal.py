@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from codeclog.vocoder.causal_hift import CausalHiftConfig, build_causal_hift, emitted_samples
 from codeclog.vocoder.checkpoint import load_fixture
@@ -105,6 +107,39 @@ def test_state_round_trip_mid_stream_gives_identical_audio(causal: Code2WavEngin
     for (ids, final), expected in zip(WINDOWS[1:], reference[1:], strict=True):
         [(audio, restored)] = causal.decode_batch([(restored, ids, final)])
         assert np.array_equal(audio, expected)
+
+
+@settings(
+    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lengths=st.lists(st.integers(4, 30), min_size=0, max_size=2),
+    last=st.integers(1, 30),
+    cut=st.integers(0, 2),
+    seed=st.integers(0, 2**31),
+)
+def test_any_schedule_follows_the_rule_and_survives_a_codec_round_trip(
+    causal: Code2WavEngine, lengths: list[int], last: int, cut: int, seed: int
+) -> None:
+    """Any window schedule: each window's samples are emitted_samples over its new mel frames,
+    and a state serialised after any window continues with the uninterrupted stream's bytes."""
+    rng = np.random.default_rng(seed)
+    schedule = [(n, False) for n in lengths] + [(last, True)]
+    windows = [(rng.integers(0, 6561, n).tolist(), final) for n, final in schedule]
+    cut = min(cut, len(windows) - 1)
+    state = causal.setup(seed=seed)
+    audio, snapshot = [], b""
+    for index, (ids, final) in enumerate(windows):
+        if index == cut:
+            snapshot = state.to_bytes()
+        [(samples, state)] = causal.decode_batch([(state, ids, final)])
+        audio.append(samples)
+    frames = [2 * (n if final else n - 3) for n, final in schedule]
+    assert [len(a) for a in audio] == emitted_samples(frames)
+    restored = StreamState.from_bytes(snapshot)
+    for (ids, final), expected in zip(windows[cut:], audio[cut:], strict=True):
+        [(samples, restored)] = causal.decode_batch([(restored, ids, final)])
+        assert np.array_equal(samples, expected)
 
 
 def test_batched_rows_equal_solo_rows(causal: Code2WavEngine) -> None:
