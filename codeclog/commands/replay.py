@@ -127,6 +127,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
     if args.wav_dir is not None and args.vocoder == "none":
         raise ReplayError("--wav-dir needs audio: add --vocoder tiny or --vocoder DIR")
+    if args.vocoder == "none" and (args.hift != "noncausal" or args.dtype != "float32"):
+        raise ReplayError("--hift and --dtype choose the vocoder: add --vocoder tiny or DIR")
     if args.to_topic and (args.wav_dir is not None or args.vocoder != "none" or args.json):
         raise ReplayError("--to-topic republishes only: drop --vocoder, --wav-dir and --json")
 
