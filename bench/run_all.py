@@ -25,6 +25,7 @@ FULL: list[tuple[str, list[str]]] = [
     ("flow (issue 6)", ["bench_flow.py", "--configs", "tiny,full", "--batches", "1,4,16"]),
     ("vocoder end to end (issue 7)", ["bench_vocoder.py"]),
     ("ragged batching (issue 23)", ["bench_ragged.py", "--seconds", "4"]),
+    ("causal HiFT in the engine (issue 23)", ["bench_engine_hift.py", "--configs", "tiny"]),
     ("consumer (issue 8)", ["bench_consumer.py", "--streams", "2", "10", "100", "--seconds", "15"]),
     ("one transaction per step (issue 8)", ["bench_transaction.py"]),
 ]
@@ -34,6 +35,7 @@ QUICK_ARGS = {
     "bench_publisher.py": ["--records", "2000", "--rate", "100", "--paced-seconds", "2"],
     "bench_flow.py": ["--configs", "tiny", "--batches", "1,4"],
     "bench_ragged.py": ["--streams", "10", "--seconds", "1", "--bound-seeds", "1"],
+    "bench_engine_hift.py": ["--configs", "tiny", "--windows", "3"],
     "bench_consumer.py": ["--streams", "4", "--seconds", "5"],
     "bench_transaction.py": ["--steps", "50", "--warm-s", "2"],
 }

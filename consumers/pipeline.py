@@ -53,7 +53,7 @@ from codeclog.schemas.records import (
     ControlEvent,
     DeadLetter,
 )
-from codeclog.vocoder.shared import pcm_s16le, stream_seed
+from codeclog.vocoder.shared import domain_hift_variant, pcm_s16le, stream_seed
 
 Event = CodecChunk | ControlEvent
 KEY_MISMATCH = RejectReason.KEY_MISMATCH.value  # dead-letter reasons of the consumer's own,
@@ -104,7 +104,24 @@ class VocoderEngine(Protocol):
 
 class EngineMismatchError(CodeclogError):
     """The engine's window rules differ from the fold's: its windows would be refused or cut
-    differently than the fold decided (lookahead frames or codec-id range)."""
+    differently than the fold decided (lookahead frames or codec-id range); or a checkpoint
+    was written by an engine of the other HiFT variant (check_checkpoint_fits)."""
+
+
+def check_checkpoint_fits(request_id: str, written_domain: str, engine_domain: str) -> None:
+    """Raise EngineMismatchError when the checkpoint's stream was decoded by a causal HiFT
+    engine and this one is non-causal, or the other way round: the stream cannot continue
+    here (its audio so far came from another vocoder). Unknown domains ("") are taken as
+    they are."""
+    if not written_domain or not engine_domain:
+        return
+    written, here = domain_hift_variant(written_domain), domain_hift_variant(engine_domain)
+    if written != here:
+        raise EngineMismatchError(
+            f"request {request_id}: its checkpoint was written by a {written} HiFT engine "
+            f"(domain {written_domain}); this member's engine is {here}: run it with "
+            f"--hift {written}"
+        )
 
 
 def check_engine_fits(fold_config: FoldConfig, engine: object) -> None:

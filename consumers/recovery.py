@@ -22,7 +22,7 @@ from confluent_kafka import TopicPartition
 from codeclog.consumers.fold.machine import import_request
 from codeclog.consumers.log_reader import read_partition
 from codeclog.consumers.metrics import VocoderMetrics
-from codeclog.consumers.pipeline import AudioPipeline, InputRecord
+from codeclog.consumers.pipeline import AudioPipeline, InputRecord, check_checkpoint_fits
 from codeclog.consumers.progress import read_checkpoints
 from codeclog.schemas.records import StreamCheckpoint
 
@@ -113,7 +113,10 @@ class Recovery:
         checkpoints: dict[str, StreamCheckpoint],
     ) -> None:
         """Decode the open streams' epochs without emitting, on a scratch pipeline, then hand
-        their vocoder states to `pipeline`."""
+        their vocoder states to `pipeline`. A stream checkpointed by an engine of the other HiFT
+        variant raises EngineMismatchError before anything is decoded."""
+        for rid in open_starts:
+            check_checkpoint_fits(rid, checkpoints[rid].determinism_domain, pipeline.domain)
         scratch = AudioPipeline(
             dataclasses.replace(pipeline.config, per_partition=True), pipeline.engine
         )

@@ -51,6 +51,7 @@ from codeclog.consumers.pipeline import (
     DEAD_LETTER_HEADROOM_BYTES,
     DEAD_LETTER_RAW_LIMIT,
     AudioPipeline,
+    EngineMismatchError,
     InputRecord,
     PipelineConfig,
     StepOutput,
@@ -202,6 +203,10 @@ class VocoderService:
             print(f"codeclog vocode: {one_line(exc)}", file=sys.stderr)
             self._end_on_failure()
             return EXIT_INFRASTRUCTURE
+        except EngineMismatchError as exc:  # a member of the wrong HiFT variant: configuration
+            print(f"codeclog vocode: {one_line(exc)}", file=sys.stderr)
+            self._end_on_failure()
+            return EXIT_USAGE
         except Exception as exc:  # a bug: still one line (the traceback is logged with -v)
             log.debug("unexpected error", exc_info=True)
             print(
@@ -706,7 +711,12 @@ class VocoderService:
         self.transactions.join()
         try:
             self._restore(self._committed(partitions))
-        except (ClusterUnavailableError, KafkaException, StuckCallError) as exc:
+        except (
+            ClusterUnavailableError,
+            KafkaException,
+            StuckCallError,
+            EngineMismatchError,
+        ) as exc:
             # Never raise out of a librdkafka callback: the loop rebuilds every partition
             # before it processes a record (`_poll`).
             log.warning("partition recovery failed (%s): rebuilding", one_line(exc))

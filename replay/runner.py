@@ -41,6 +41,8 @@ class ReplayOptions:
     keep_pcm: bool = False  # collect every request's PCM (for --wav-dir)
     workers: int | None = None  # processes for a state-only tolerant replay (None: per core)
     kernels: str = "portable"  # vocoder kernels: portable (same bytes on any CPU) or native
+    hift: str = "noncausal"  # the HiFT variant: noncausal (scheme A) or causal (scheme B)
+    dtype: str = "float32"  # the flow's dtype (float32 or bfloat16 on the CPU)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +77,7 @@ def replay(
     (replay.fast): the same decisions as the pipeline, with the values decoded in bulk."""
     if source.table is not None and options.vocoder == VOCODER_NONE:
         return _replay_state_only(source, source.table, options, progress)
-    engine = load_engine(options.vocoder, options.kernels)
+    engine = load_engine(options.vocoder, options.kernels, options.hift, options.dtype)
     pipeline = AudioPipeline(pipeline_config(options), engine, _no_clock)
     items: Sequence[Any] = source.records if source.kind is InputKind.CAPTURE else source.events
     step = _record_step(pipeline) if source.kind is InputKind.CAPTURE else pipeline.step_events
@@ -150,9 +152,12 @@ def _pcm_by_request(pipeline: AudioPipeline) -> dict[str, bytes]:
     return {rid: bytes(audio.pcm) for rid, audio in sorted(pipeline.audio.items()) if audio.pcm}
 
 
-def load_engine(spec: str, kernels: str = "portable") -> Any:
+def load_engine(
+    spec: str, kernels: str = "portable", hift: str = "noncausal", dtype: str = "float32"
+) -> Any:
     """The vocoder for --vocoder (None for "none"), with `kernels` (portable by default: the
-    same audio bytes on every x86-64 CPU). torch is imported only here."""
+    same audio bytes on every x86-64 CPU), the HiFT variant and the flow's dtype. torch is
+    imported only here."""
     if spec == VOCODER_NONE:
         return None
     try:
@@ -163,7 +168,7 @@ def load_engine(spec: str, kernels: str = "portable") -> Any:
             f"({exc.name} is missing)"
         ) from exc
     try:
-        return Code2WavEngine.from_spec(spec, kernels=kernels)
+        return Code2WavEngine.from_spec(spec, kernels=kernels, hift=hift, dtype=dtype)
     except (OSError, ValueError, CodeclogError) as exc:
         raise ReplayError(f"cannot load the vocoder {spec!r}: {exc}") from exc
 

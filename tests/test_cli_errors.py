@@ -67,8 +67,10 @@ def _assert_one_line_exit_2(result: subprocess.CompletedProcess[str], expected: 
     [
         (["vocode", "--group", ""], "--group must not be empty"),
         (["vocode", "--metrics-port", "99999"], "--metrics-port must be a TCP port"),
+        (["vocode", "--hift", "causal", "--batching", "ragged"], "--hift causal batches exact"),
+        (["vocode", "--dtype", "float16"], "half precision is for CUDA"),
     ],
-    ids=["empty_group", "port_out_of_range"],
+    ids=["empty_group", "port_out_of_range", "causal_ragged", "cpu_float16"],
 )
 def test_vocode_refuses_impossible_options(argv: list[str], expected: str) -> None:
     _assert_one_line_exit_2(_codeclog(*argv, *NOWHERE), expected)

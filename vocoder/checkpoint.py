@@ -31,7 +31,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from codeclog.vocoder.causal_hift import CausalHiftConfig, CausalHiFTGenerator, build_causal_hift
+from codeclog.vocoder.causal_hift import (
+    CausalHiftConfig,
+    CausalHiFTGenerator,
+    build_causal_hift,
+    initialise_causal_hift,
+)
 from codeclog.vocoder.errors import CheckpointError, VocoderConfigError
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
 from codeclog.vocoder.hift import HiftConfig, HiFTGenerator, build_hift, strip_upstream_prefix
@@ -42,6 +47,7 @@ TINY_CONFIG = FIXTURE_DIR / "tiny.json"
 FIXTURE_FORMAT = "codeclog.vocoder-fixture.v1"
 FLOW_PREFIX = "flow."
 HIFT_PREFIX = "hift."
+CAUSAL_FIXTURE_SEED = 7  # the tiny causal HiFT's init seed (vocoder.fixture.FIXTURE_SEED's value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +256,14 @@ def load_fixture(
     hift = build_hift(manifest.hift)
     load_strict(hift, _with_prefix(tensors, HIFT_PREFIX), f"{weights_path} (hift)")
     return flow, hift
+
+
+def load_causal_fixture() -> CausalHiFTGenerator:
+    """The tiny causal HiFT: seeded random weights (`initialise_causal_hift`, an explicit CPU
+    generator, so every process builds the same numbers; not stored in the fixture file)."""
+    model = build_causal_hift(CausalHiftConfig.tiny())
+    initialise_causal_hift(model, CAUSAL_FIXTURE_SEED)
+    return model
 
 
 def _with_prefix(tensors: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:

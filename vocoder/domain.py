@@ -7,7 +7,10 @@ bytewise exactly when their domains are equal.
     native:torch2.15:cuda13.2:NVIDIA-H200         native CUDA kernels (deterministic settings)
 
 Environment knobs that change which native kernels run (MKL_CBWR, ONEDNN_MAX_CPU_ISA,
-ATEN_CPU_CAPABILITY) add a `:env-<hash>` suffix. The portable domain carries a version number
+ATEN_CPU_CAPABILITY) add a `:env-<hash>` suffix. An engine appends what else decides its bytes
+(`engine_domain_suffix`): `:bfloat16` / `:float16` for a flow not in float32, `:causal` for the
+causal HiFT (scheme B), `:ragged` for ragged batching; the defaults add nothing, so a float32
+scheme-A exact engine's domain is the bare one above. The portable domain carries a version number
 (`portable1`): a change to vocoder/kernels that moves any byte must bump it.
 """
 
@@ -21,6 +24,7 @@ import torch
 
 from codeclog.vocoder.determinism import DeterminismSettings, planned_settings
 from codeclog.vocoder.kernels import Kernels
+from codeclog.vocoder.shared import CAUSAL_DOMAIN_TAG, domain_hift_variant
 
 PORTABLE_VERSION = 1
 _KERNEL_ENV = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
@@ -48,6 +52,25 @@ def determinism_domain(
     return ":".join(parts)
 
 
+def engine_domain_suffix(dtype: str, hift_variant: str, batching: str) -> str:
+    """What an engine's options add to its domain (each a different domain: different bytes).
+    `:ragged` last: a row's bytes then depend on its batch mates' shapes."""
+    parts = [f":{dtype}"] if dtype != "float32" else []
+    if hift_variant == CAUSAL_DOMAIN_TAG:
+        parts.append(f":{CAUSAL_DOMAIN_TAG}")
+    if batching == "ragged":
+        parts.append(":ragged")
+    return "".join(parts)
+
+
+def hift_variant_reproducing(domains: frozenset[str]) -> str:
+    """The HiFT variant that reproduces audio written in `domains`: causal when every window
+    of a known domain was written by a causal engine, noncausal otherwise (the default)."""
+    known = [domain for domain in domains if domain]
+    causal = bool(known) and all(domain_hift_variant(d) == CAUSAL_DOMAIN_TAG for d in known)
+    return CAUSAL_DOMAIN_TAG if causal else "noncausal"
+
+
 def is_portable(domain: str) -> bool:
     return domain.startswith("portable")
 
@@ -59,12 +82,13 @@ def planned_domain(device: str, kernels: Kernels, threads: int | None = None) ->
 
 
 def kernels_reproducing(
-    domains: frozenset[str], device: str, threads: int | None = None
+    domains: frozenset[str], device: str, threads: int | None = None, suffix: str = ""
 ) -> Kernels:
     """The kernels that reproduce audio written in `domains` bytewise here: native when every
-    window was written in this machine's native domain, portable otherwise (portable audio is
-    then compared bytewise, anything else by the numeric bound)."""
-    native = planned_domain(device, Kernels.NATIVE, threads)
+    window was written in this machine's native domain (plus the replaying engine's `suffix`,
+    engine_domain_suffix), portable otherwise (portable audio is then compared bytewise,
+    anything else by the numeric bound)."""
+    native = planned_domain(device, Kernels.NATIVE, threads) + suffix
     if domains and all(domain == native for domain in domains):
         return Kernels.NATIVE
     return Kernels.PORTABLE

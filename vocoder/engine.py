@@ -27,6 +27,17 @@ window: 25 new frames), every later non-final window new_frames * 960 (24000 for
 window new_frames * 960 + 3840, and a whole stream exactly (sum of new frames) * 960 samples.
 (A first non-final window of 7 ids or fewer emits nothing and holds all its N <= 3840 samples.)
 
+The causal HiFT (scheme B, `hift="causal"`, docs/vocoder.md "Scheme B"): the engine vocodes with
+`vocoder.causal_hift.CausalVocoder` instead; the StreamState then holds its bounded history (a
+`CausalHiftCache`) and nothing is cross-faded. Sample counts follow `causal_hift.emitted_samples`
+over the window's new mel frames (2 per new codec frame): a fixed delay of 8 mel frames (3840
+samples), so the first non-final window of a stream emits new_frames * 960 (the 3840 zeros of
+upstream's lead-in, then new_frames * 960 - 3840 samples), every later non-final window
+new_frames * 960 and the final window new_frames * 960 + 3840: a whole stream emits
+(sum of new frames) * 960 + 3840 samples (sum * 960 when its only window is final). A state of
+one variant is refused by an engine of the other (`FOREIGN_STATE`), the variant is part of the
+state signature and of the determinism domain (":causal"), and ragged batching is refused.
+
 Batching and exactness: `decode_batch` groups items by (window length, final, state signature)
 and runs one flow call and one HiFT call per group (HiFT per row on CPU, see below). A
 request's audio never depends on its batch mates: its HiFT noise comes from its own generator
@@ -70,22 +81,42 @@ import torch
 from torch import Tensor
 
 from codeclog.cores import one_per_core
-from codeclog.vocoder.checkpoint import inspect_checkpoint, load_checkpoint, load_fixture
+from codeclog.vocoder.causal_hift import (
+    CausalHiftCache,
+    CausalHiftConfig,
+    CausalHiFTGenerator,
+    CausalVocoder,
+)
+from codeclog.vocoder.checkpoint import (
+    HiftVariant,
+    choose_hift_variant,
+    inspect_checkpoint,
+    load_causal_fixture,
+    load_causal_hift,
+    load_checkpoint,
+    load_fixture,
+)
 from codeclog.vocoder.determinism import (
     DeterminismSettings,
     apply_determinism,
     stream_seed,
     window_seed,
 )
-from codeclog.vocoder.domain import determinism_domain
+from codeclog.vocoder.domain import determinism_domain, engine_domain_suffix
 from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
 from codeclog.vocoder.flow import FlowState, Token2WavFlow
 from codeclog.vocoder.flow.ragged import decode_ragged
-from codeclog.vocoder.hift import HiftCache, HiFTGenerator, fuse_weight_norm, stream_step
+from codeclog.vocoder.hift import (
+    HiftCache,
+    HiftConfig,
+    HiFTGenerator,
+    fuse_weight_norm,
+    stream_step,
+)
 from codeclog.vocoder.hift_ragged import stream_step_ragged
 from codeclog.vocoder.kernels import Kernels, kernel_scope
 from codeclog.vocoder.shared import pcm_s16le
-from codeclog.vocoder.stream_state import StreamState
+from codeclog.vocoder.stream_state import HiftState, StreamState
 from codeclog.vocoder.voice import Voice, default_voice
 
 __all__ = [
@@ -175,14 +206,15 @@ class _Window:
 
 
 class Code2WavEngine:
-    """Token2wav flow + HiFT (scheme A) with explicit per-request state. See the module doc."""
+    """Token2wav flow + HiFT (scheme A, or the causal HiFT of scheme B when `hift` is a
+    CausalHiFTGenerator) with explicit per-request state. See the module doc."""
 
     sample_rate_hz: int = SAMPLE_RATE_HZ
 
     def __init__(
         self,
         flow: Token2WavFlow,
-        hift: HiFTGenerator,
+        hift: HiFTGenerator | CausalHiFTGenerator,
         *,
         device: str = "cpu",
         dtype: str = "float32",
@@ -200,12 +232,21 @@ class Code2WavEngine:
             raise VocoderConfigError(
                 f"batching must be one of {', '.join(BATCHING)}, got {batching!r}"
             )
+        causal = isinstance(hift, CausalHiFTGenerator)
+        if causal and batching == "ragged":
+            raise VocoderConfigError(
+                "the causal HiFT cannot batch ragged (vocoder.hift_ragged is scheme A only): "
+                "use batching exact"
+            )
+        self.hift_variant = HiftVariant.CAUSAL if causal else HiftVariant.NONCAUSAL
         self.batching = batching
         self.calls = DecodeCalls()  # flow and HiFT calls so far (a step's count: the delta)
         self.device = torch.device(device)
         self.kernels = default_kernels(self.device) if kernels is None else Kernels.parse(kernels)
         if self.kernels is Kernels.PORTABLE and self.device.type != "cpu":
             raise VocoderConfigError("portable kernels run on the CPU only (use --kernels native)")
+        if dtype == "float16" and self.device.type == "cpu":
+            raise VocoderConfigError(half_precision_refusal())
         self.dtype = dtype
         self.spec = spec
         self.determinism: DeterminismSettings = apply_determinism(self.device, threads)
@@ -217,17 +258,22 @@ class Code2WavEngine:
             raise VocoderConfigError(f"workers must be >= 1, got {self.workers}")
         self._pool: ThreadPoolExecutor | None = None
         # HiFT stays float32 whatever `dtype` says (upstream's float16 flag casts only the flow)
-        fuse_weight_norm(hift)
+        self.causal: CausalVocoder | None = None
+        if isinstance(hift, CausalHiFTGenerator):  # fuses, F0 predictor in float64, noise table
+            self.causal = CausalVocoder(
+                hift, device=self.device, batch_invariant=self.batch_invariant
+            )
+        else:
+            fuse_weight_norm(hift)
         self.hift = hift.to(self.device).eval()
         self.flow = flow.to(device=self.device, dtype=DTYPES[dtype]).eval()
         self.flow_config = flow.config
-        self.hift_config = hift.config
+        self.hift_config: HiftConfig | CausalHiftConfig = hift.config
         with self.scope():  # constant tables and the default voice's noise: the engine's kernels
             self.flow.fill_buffers()
             self.default_voice = voice if voice is not None else default_voice(flow.config)
         self.domain = determinism_domain(self.device, self.kernels, self.determinism)
-        if batching == "ragged":  # a row's bytes then depend on its batch mates' shapes
-            self.domain += ":ragged"
+        self.domain += engine_domain_suffix(dtype, self.hift_variant.value, batching)
         self._prompts: collections.OrderedDict[tuple[str, str], FlowState] = (
             collections.OrderedDict()
         )
@@ -261,14 +307,17 @@ class Code2WavEngine:
         workers: int | None = None,
         kernels: str | Kernels | None = None,
         batching: str = "exact",
+        hift: str | HiftVariant = "noncausal",
     ) -> Code2WavEngine:
-        """Spec "tiny" = the committed tiny fixture; anything else = a checkpoint directory."""
+        """Spec "tiny" = the committed tiny fixture; anything else = a checkpoint directory.
+        `hift`: "noncausal" (scheme A, the default) or "causal" (scheme B)."""
         options = {
             "device": device,
             "dtype": dtype,
             "threads": threads,
             "workers": workers,
             "batching": batching,
+            "hift": hift,
         }
         if spec == "tiny":
             return cls.tiny(**options, kernels=kernels)  # type: ignore[arg-type]
@@ -283,11 +332,15 @@ class Code2WavEngine:
         workers: int | None = None,
         kernels: str | Kernels | None = None,
         batching: str = "exact",
+        hift: str | HiftVariant = "noncausal",
     ) -> Code2WavEngine:
-        flow, hift = load_fixture()
+        """The tiny fixture; its causal HiFT (hift="causal") is `load_causal_fixture`'s."""
+        flow, noncausal = load_fixture()
+        variant = HiftVariant.parse(hift)
+        vocoder = load_causal_fixture() if variant is HiftVariant.CAUSAL else noncausal
         return cls(
             flow,
-            hift,
+            vocoder,
             device=device,
             dtype=dtype,
             threads=threads,
@@ -307,15 +360,19 @@ class Code2WavEngine:
         workers: int | None = None,
         kernels: str | Kernels | None = None,
         batching: str = "exact",
+        hift: str | HiftVariant = "noncausal",
     ) -> Code2WavEngine:
         """A published checkpoint directory (flow.yaml, flow.pt, hift.pt; see checkpoint.py).
-        Streams use the default voice (prompt extraction from ONNX models is not built)."""
+        Streams use the default voice (prompt extraction from ONNX models is not built).
+        hift="causal" needs the minicpmo-utils 1.0.7 layout (`choose_hift_variant`)."""
         layout = inspect_checkpoint(checkpoint_dir)
-        flow, hift = load_checkpoint(layout)
+        variant = choose_hift_variant(layout, hift)
+        flow, noncausal = load_checkpoint(layout)
+        vocoder = load_causal_hift(layout) if variant is HiftVariant.CAUSAL else noncausal
         spec = str(layout.directory)
         return cls(
             flow,
-            hift,
+            vocoder,
             device=device,
             dtype=dtype,
             threads=threads,
@@ -333,6 +390,7 @@ class Code2WavEngine:
             "dtype": self.dtype,
             "batch_invariant": self.batch_invariant,
             "batching": self.batching,
+            "hift": self.hift_variant.value,
             "workers": self.workers,
             "sample_rate_hz": self.sample_rate_hz,
             "determinism": self.determinism.to_dict(),
@@ -347,17 +405,27 @@ class Code2WavEngine:
         """A new stream for `voice` (default: the engine's default voice). `seed` should be
         stream_seed(request_id, cache_epoch) so a replay of the stream draws the same noise."""
         chosen = self.default_voice if voice is None else voice
-        empty = HiftCache.empty(self.hift_config, self.device)
+        empty: HiftState = (
+            self.causal.empty_cache()
+            if self.causal is not None
+            else HiftCache.empty(self._scheme_a_config(), self.device)
+        )
         return StreamState(
             flow=self._prompt_state(chosen),
-            hift_mel=empty.mel,
-            hift_source=empty.source,
-            hift_speech=empty.speech,
+            hift=empty,
             seed=int(seed),
             window_index=0,
             samples_emitted=0,
             voice_id=chosen.voice_id,
         )
+
+    def _scheme_a_hift(self) -> HiFTGenerator:
+        assert isinstance(self.hift, HiFTGenerator)
+        return self.hift
+
+    def _scheme_a_config(self) -> HiftConfig:
+        assert isinstance(self.hift_config, HiftConfig)
+        return self.hift_config
 
     def _prompt_state(self, voice: Voice) -> FlowState:
         key = (voice.voice_id, voice.fingerprint)
@@ -388,9 +456,19 @@ class Code2WavEngine:
             tensor.nbytes // max(1, tensor.shape[axis])
             for tensor, axis in ((flow.conformer_att_cache, 2), (flow.estimator_att_cache, 4))
         )
-        hift = self.hift_config
-        hift_values = hift.in_channels * hift.mel_cache_frames + 2 * hift.cache_samples
-        return sum(int(t.nbytes) for t in fixed) + frames * per_frame + 4 * hift_values
+        return sum(int(t.nbytes) for t in fixed) + frames * per_frame + self._peak_hift_bytes()
+
+    def _peak_hift_bytes(self) -> int:
+        """Scheme A: 8 mel frames, their excitation and held samples (float32). Scheme B: the
+        bounded history plus the delay and one internal block, mel and excitation (float32),
+        and the float64 phases."""
+        if self.causal is not None:
+            config, limits = self.causal.config, self.causal.limits
+            frames = limits.history + limits.delay + config.block_frames
+            values = frames * (config.in_channels + config.samples_per_frame)
+            return 4 * values + 8 * (config.nb_harmonics + 1)
+        hift = self._scheme_a_config()
+        return 4 * (hift.in_channels * hift.mel_cache_frames + 2 * hift.cache_samples)
 
     def default_state_budget_bytes(self) -> int:
         """The default memory budget of open stream states: on CUDA a share of the device
@@ -434,6 +512,13 @@ class Code2WavEngine:
             )
         window = tuple(int(i) for i in ids)
         self._check_ids(index, window, bool(final))
+        if state.hift_variant != self.hift_variant.value:
+            raise WindowRejectedError(
+                index,
+                WindowRejectReason.FOREIGN_STATE,
+                f"state of a {state.hift_variant} HiFT engine, this engine's HiFT is "
+                f"{self.hift_variant.value}",
+            )
         if state.flow.spk.shape != (self.flow_config.mel_dim,) or state.hift_mel.shape[0] != (
             self.hift_config.in_channels
         ):
@@ -498,9 +583,9 @@ class Code2WavEngine:
         with self.scope(), torch.inference_mode():
             mels, flow_states = decode_ragged(self.flow, states, windows, final)
             seeds = [window_seed(w.state.seed, w.state.window_index) for w in group]
-            caches = [w.state.hift_cache() for w in group]
+            caches = _noncausal([w.state.hift for w in group])
             step = stream_step_ragged(
-                self.hift, caches, [m.to(torch.float32) for m in mels], final, seeds
+                self._scheme_a_hift(), caches, [m.to(torch.float32) for m in mels], final, seeds
             )
         audio = [a.to("cpu").numpy().astype(np.float32, copy=False) for a in step.audio]
         return [
@@ -536,9 +621,12 @@ class Code2WavEngine:
                 indices[0], WindowRejectReason.FLOW_REFUSED, str(exc), indices
             ) from exc
         mel = mel.to(torch.float32)
-        seeds = [window_seed(w.state.seed, w.state.window_index) for w in part]
-        caches = [w.state.hift_cache() for w in part]
-        audio, new_caches = self._vocode(caches, mel, final, seeds)
+        caches = [w.state.hift for w in part]
+        if self.causal is not None:
+            audio, new_caches = self._vocode_causal(caches, mel, final)
+        else:
+            seeds = [window_seed(w.state.seed, w.state.window_index) for w in part]
+            audio, new_caches = self._vocode(_noncausal(caches), mel, final, seeds)
         return [
             _advance(w.state, flow_state, cache, samples)
             for w, flow_state, cache, samples in zip(
@@ -546,20 +634,35 @@ class Code2WavEngine:
             )
         ]
 
+    def _vocode_causal(
+        self, caches: Sequence[HiftState], mel: Tensor, final: bool
+    ) -> tuple[list[np.ndarray], list[HiftState]]:
+        """Scheme B: the causal vocoder streams the rows (one at a time when batch-invariant,
+        see CausalVocoder); no noise is drawn per call, so no window seed is needed."""
+        assert self.causal is not None
+        causal = [cache for cache in caches if isinstance(cache, CausalHiftCache)]
+        if len(causal) != len(caches):
+            raise VocoderInputError("a non-causal HiFT state reached the causal vocoder")
+        step = self.causal.step(causal, mel, final)
+        audio = [a.to("cpu").numpy().astype(np.float32, copy=False) for a in step.audio]
+        return audio, list(step.caches)
+
     def _vocode(
         self, caches: list[HiftCache], mel: Tensor, final: bool, seeds: list[int]
-    ) -> tuple[list[np.ndarray], list[HiftCache]]:
+    ) -> tuple[list[np.ndarray], list[HiftState]]:
+        hift = self._scheme_a_hift()
         if self.batch_invariant:
             steps = [
-                stream_step(self.hift, [cache], mel[row : row + 1], final, [seed])
+                stream_step(hift, [cache], mel[row : row + 1], final, [seed])
                 for row, (cache, seed) in enumerate(zip(caches, seeds, strict=True))
             ]
             audio = [step.audio[0] for step in steps]
             new_caches = [step.caches[0] for step in steps]
         else:
-            step = stream_step(self.hift, caches, mel, final, seeds)
+            step = stream_step(hift, caches, mel, final, seeds)
             audio, new_caches = step.audio, step.caches
-        return [a.to("cpu").numpy().astype(np.float32, copy=False) for a in audio], new_caches
+        samples = [a.to("cpu").numpy().astype(np.float32, copy=False) for a in audio]
+        return samples, list(new_caches)
 
 
 def _free_device_bytes(device: torch.device) -> int | None:
@@ -602,17 +705,30 @@ def _split(items: Sequence[_Window], parts: int) -> list[Sequence[_Window]]:
     return [items[start:end] for start, end in itertools.pairwise(bounds)]
 
 
+def half_precision_refusal() -> str:
+    """The one-line refusal of float16 on the CPU (bfloat16 runs there)."""
+    return "float16 (half precision) is for CUDA; on the CPU use float32 or bfloat16"
+
+
+def _noncausal(caches: Sequence[HiftState]) -> list[HiftCache]:
+    out = [cache for cache in caches if isinstance(cache, HiftCache)]
+    if len(out) != len(caches):
+        raise VocoderInputError("a causal HiFT state reached the non-causal vocoder")
+    return out
+
+
 def _advance(
-    state: StreamState, flow: FlowState, cache: HiftCache, audio: np.ndarray
+    state: StreamState, flow: FlowState, cache: HiftState, audio: np.ndarray
 ) -> tuple[np.ndarray, StreamState]:
     if flow.finished:  # nothing is held after the final window: drop the tails
-        cache = HiftCache(cache.mel[:, :0], cache.source[:0], cache.speech[:0])
+        if isinstance(cache, CausalHiftCache):
+            cache = dataclasses.replace(cache, mel=cache.mel[:, :0], source=cache.source[:0])
+        else:
+            cache = HiftCache(cache.mel[:, :0], cache.source[:0], cache.speech[:0])
     new_state = dataclasses.replace(
         state,
         flow=flow,
-        hift_mel=cache.mel,
-        hift_source=cache.source,
-        hift_speech=cache.speech,
+        hift=cache,
         window_index=state.window_index + 1,
         samples_emitted=state.samples_emitted + int(audio.shape[0]),
     )

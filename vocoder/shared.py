@@ -1,6 +1,10 @@
 """The vocoder's torch-free helpers, shared with the consumer pipeline (which must not import
 torch): stream seeds derived from stream identity, and the float -> PCM conversion.
 
+`domain_hift_variant` reads the HiFT variant from a determinism domain string (vocoder.domain
+appends `:causal` for the causal HiFT), so the consumer can refuse to continue a stream in an
+engine of the other variant without importing torch.
+
 `stream_seed` is a pure function of (request id, cache epoch), stable across processes, machines
 and Python hash seeds (sha256, not `hash()`); `window_seed` derives the HiFT noise seed of one
 decode window from it. Live and offline decodes both call these, so their audio is identical.
@@ -28,6 +32,14 @@ def stream_seed(request_id: str, cache_epoch: int) -> int:
 def window_seed(seed: int, window_index: int) -> int:
     """The seed of the HiFT noise of window `window_index` of the stream seeded `seed`."""
     return _digest_seed(b"codeclog.window.v1", str(seed).encode(), str(window_index).encode())
+
+
+CAUSAL_DOMAIN_TAG = "causal"  # vocoder.domain.engine_domain_suffix's tag of the causal HiFT
+
+
+def domain_hift_variant(domain: str) -> str:
+    """ "causal" or "noncausal": the HiFT variant of the engine that wrote `domain`."""
+    return "causal" if CAUSAL_DOMAIN_TAG in domain.split(":") else "noncausal"
 
 
 def pcm_s16le(audio: np.ndarray) -> bytes:

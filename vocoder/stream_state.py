@@ -1,10 +1,14 @@
 """The per-request stream state of the Code2Wav engine: one frozen value and its exact bytes.
 
 A `StreamState` is everything one (request, epoch) stream carries from a window to the next:
-the flow caches (a `FlowState`), the HiFT caches (held mel, excitation and samples), the stream
-seed and the counters. The caller owns it; the engine never mutates one. `to_bytes` /
-`from_bytes` are exact and self-describing (format v1: magic, version, a JSON header, the HiFT
-tensors, then `FlowState.to_bytes()`), through the one tensor codec of `vocoder.tensor_codec`.
+the flow caches (a `FlowState`), the HiFT state of the engine's variant (scheme A's `HiftCache`:
+held mel, excitation and cross-fade samples; or scheme B's `CausalHiftCache`: the causal HiFT's
+bounded mel and excitation history, float64 phases and frame counters), the stream seed and the
+counters. The caller owns it; the engine never mutates one. `to_bytes` / `from_bytes` are exact
+and self-describing (format v1: magic, version, a JSON header, the HiFT tensors, then
+`FlowState.to_bytes()`), through the one tensor codec of `vocoder.tensor_codec`. A causal
+state's header says `"hift": "causal"` and carries the cache's integers; a non-causal state's
+header has no `hift` key (the bytes of scheme-A states are those of before the causal variant).
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import dataclasses
 import json
 import struct
 from collections.abc import Hashable
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from codeclog.vocoder.causal_hift import CausalHiftCache
 from codeclog.vocoder.errors import StreamStateError
 from codeclog.vocoder.flow import FlowState, FlowStateError
 from codeclog.vocoder.hift import HiftCache
@@ -27,7 +33,12 @@ __all__ = ["StreamState", "StreamStateError"]
 _MAGIC = b"CCSTREAM"
 _FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sHII")  # magic, version, JSON header length, flow blob length
-_HIFT_FIELDS = ("hift_mel", "hift_source", "hift_speech")
+_HIFT_FIELDS = ("mel", "source", "speech")  # HiftCache's tensors (scheme A)
+_CAUSAL_FIELDS = ("mel", "source", "phase")  # CausalHiftCache's tensors (scheme B)
+_CAUSAL_COUNTERS = ("mel_offset", "source_offset", "source_end", "emitted")
+NONCAUSAL = "noncausal"
+CAUSAL = "causal"
+HiftState = HiftCache | CausalHiftCache
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -35,13 +46,16 @@ class StreamState:
     """Everything one (request, epoch) stream carries from a window to the next."""
 
     flow: FlowState  # flow caches (conformer + DiT), speaker vector, prompt length
-    hift_mel: Tensor  # (80, M<=8) mel frames re-vocoded with the next window
-    hift_source: Tensor  # (M*480,) NSF excitation of those frames
-    hift_speech: Tensor  # (M*480,) held-back samples, cross-faded with the next window
+    hift: HiftState  # scheme A: the cross-fade caches; scheme B: the causal HiFT's history
     seed: int  # the stream seed (see stream_seed); HiFT noise derives from it per window
     window_index: int  # windows decoded so far
     samples_emitted: int  # samples returned so far (the sample offset of the next audio)
     voice_id: str  # the voice whose prompt state the stream started from
+
+    @property
+    def hift_variant(self) -> str:
+        """ "causal" (scheme B) or "noncausal" (scheme A): which HiFT engine can continue it."""
+        return CAUSAL if isinstance(self.hift, CausalHiftCache) else NONCAUSAL
 
     @property
     def finished(self) -> bool:
@@ -49,38 +63,61 @@ class StreamState:
         return bool(self.flow.finished)
 
     @property
+    def hift_mel(self) -> Tensor:
+        """(80, M): the mel frames the HiFT state holds."""
+        return self.hift.mel
+
+    @property
     def held_samples(self) -> int:
-        return int(self.hift_speech.shape[0])
+        """Scheme A: samples held back for the cross-fade. Scheme B: samples still owed for
+        frames received but not yet vocoded (the fixed delay)."""
+        if isinstance(self.hift, CausalHiftCache):
+            return 0 if self.finished else (self.hift.received - self.hift.emitted) * 480
+        return int(self.hift.speech.shape[0])
 
     @property
     def nbytes(self) -> int:
-        hift = sum(int(getattr(self, name).nbytes) for name in _HIFT_FIELDS)
-        return int(self.flow.nbytes) + hift
+        return int(self.flow.nbytes) + sum(int(t.nbytes) for t in self._tensors())
 
-    def hift_cache(self) -> HiftCache:
-        return HiftCache(self.hift_mel, self.hift_source, self.hift_speech)
+    def hift_cache(self) -> HiftState:
+        return self.hift
 
     def signature(self) -> Hashable:
-        """States with equal signatures (and equal windows) run in one exact batch."""
-        return (self.flow.shape_signature(), self.hift_cache().signature())
+        """States with equal signatures (and equal windows) run in one exact batch; states of
+        the two HiFT variants never do."""
+        hift = self.hift
+        if isinstance(hift, CausalHiftCache):
+            shape = (int(hift.mel.shape[1]), int(hift.source.shape[0]), hift.started)
+            return (self.flow.shape_signature(), CAUSAL, shape)
+        return (self.flow.shape_signature(), NONCAUSAL, hift.signature())
+
+    def _tensors(self) -> list[Tensor]:
+        names = _CAUSAL_FIELDS if isinstance(self.hift, CausalHiftCache) else _HIFT_FIELDS
+        return [getattr(self.hift, name) for name in names]
 
     def to(self, device: torch.device | str) -> StreamState:
-        moved = {name: getattr(self, name).to(device) for name in _HIFT_FIELDS}
-        return dataclasses.replace(self, flow=self.flow.to(device), **moved)
+        hift = self.hift
+        names = _CAUSAL_FIELDS if isinstance(hift, CausalHiftCache) else _HIFT_FIELDS
+        moved = {name: getattr(hift, name).to(device) for name in names}
+        return dataclasses.replace(
+            self, flow=self.flow.to(device), hift=dataclasses.replace(hift, **moved)
+        )
 
     def to_bytes(self) -> bytes:
         """Exact, self-describing bytes: header, HiFT tensors, then FlowState.to_bytes()."""
-        blobs = [tensor_bytes(getattr(self, name)) for name in _HIFT_FIELDS]
-        header = {
+        tensors = self._tensors()
+        blobs = [tensor_bytes(tensor) for tensor in tensors]
+        header: dict[str, Any] = {
             "seed": self.seed,
             "window_index": self.window_index,
             "samples_emitted": self.samples_emitted,
             "voice_id": self.voice_id,
-            "tensors": [
-                tensor_spec(getattr(self, n), len(b))
-                for n, b in zip(_HIFT_FIELDS, blobs, strict=True)
-            ],
+            "tensors": [tensor_spec(t, len(b)) for t, b in zip(tensors, blobs, strict=True)],
         }
+        if isinstance(self.hift, CausalHiftCache):
+            header["hift"] = CAUSAL
+            header["causal"] = {name: getattr(self.hift, name) for name in _CAUSAL_COUNTERS}
+            header["causal"].update(started=self.hift.started, finalized=self.hift.finalized)
         encoded = json.dumps(header, sort_keys=True).encode()
         flow = self.flow.to_bytes()
         head = _HEADER.pack(_MAGIC, _FORMAT_VERSION, len(encoded), len(flow))
@@ -105,18 +142,38 @@ class StreamState:
         start = _HEADER.size
         header = json.loads(data[start : start + header_len])
         position = start + header_len
+        variant = header.get("hift", NONCAUSAL)
+        if variant not in (CAUSAL, NONCAUSAL):
+            raise StreamStateError(f"stream state bytes: unknown HiFT variant {variant!r}")
+        names = _CAUSAL_FIELDS if variant == CAUSAL else _HIFT_FIELDS
         tensors: dict[str, Tensor] = {}
-        for name, spec in zip(_HIFT_FIELDS, header["tensors"], strict=True):
+        for name, spec in zip(names, header["tensors"], strict=True):
             size = int(spec["nbytes"])
             tensors[name] = tensor_from_bytes(data[position : position + size], spec)
             position += size
         if len(data) - position != flow_len:
             raise StreamStateError("stream state bytes: truncated")
+        hift: HiftState
+        if variant == CAUSAL:
+            raw = header["causal"]
+            hift = CausalHiftCache(
+                mel=tensors["mel"],
+                source=tensors["source"],
+                phase=tensors["phase"],
+                mel_offset=int(raw["mel_offset"]),
+                source_offset=int(raw["source_offset"]),
+                source_end=int(raw["source_end"]),
+                emitted=int(raw["emitted"]),
+                started=bool(raw["started"]),
+                finalized=bool(raw["finalized"]),
+            )
+        else:
+            hift = HiftCache(**tensors)
         return cls(
             flow=FlowState.from_bytes(data[position:]),
+            hift=hift,
             seed=int(header["seed"]),
             window_index=int(header["window_index"]),
             samples_emitted=int(header["samples_emitted"]),
             voice_id=str(header["voice_id"]),
-            **tensors,
         )

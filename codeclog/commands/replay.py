@@ -37,6 +37,7 @@ examples:
   codeclog replay incident.ocf                         # tolerant, fold only
   codeclog replay incident.ocf --policy strict         # what the upstream stage would have done
   codeclog replay incident.ocf --vocoder tiny --wav-dir out/   # audio: one WAV per request
+  codeclog replay incident.ocf --vocoder tiny --hift causal     # the causal HiFT (scheme B)
   codeclog replay incident.ocf --json > a.json && codeclog diff a.json b.json
   codeclog replay incident.ocf --to-topic codec.chunks.rerun   # feed a live consumer again
 
@@ -71,6 +72,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="portable",
         help="with --vocoder: portable (default) gives the same audio bytes on every x86-64 "
         "CPU; native is torch's own kernels, faster, bytes depend on the CPU or GPU",
+    )
+    parser.add_argument(
+        "--hift",
+        choices=("noncausal", "causal"),
+        default="noncausal",
+        help="with --vocoder: the HiFT vocoder, noncausal (default, scheme A) or causal "
+        "(scheme B, minicpmo-utils 1.0.7: fixed 8-frame delay, no cross-fade); replay with "
+        "the variant the live member ran to reproduce its audio",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default="float32",
+        help="with --vocoder: the flow's precision, float32 (default) or bfloat16 (float16 "
+        "is for CUDA; replay runs on the CPU). Another dtype is another determinism domain",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
@@ -111,6 +127,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
     if args.wav_dir is not None and args.vocoder == "none":
         raise ReplayError("--wav-dir needs audio: add --vocoder tiny or --vocoder DIR")
+    if args.vocoder == "none" and (args.hift != "noncausal" or args.dtype != "float32"):
+        raise ReplayError("--hift and --dtype choose the vocoder: add --vocoder tiny or DIR")
     if args.to_topic and (args.wav_dir is not None or args.vocoder != "none" or args.json):
         raise ReplayError("--to-topic republishes only: drop --vocoder, --wav-dir and --json")
 
@@ -123,16 +141,25 @@ def _replay(args: argparse.Namespace) -> int:
     from codeclog.replay.summary import format_summary
     from codeclog.replay.wav import write_wavs
 
-    source = load_input(args.input)
     if args.workers is not None and args.workers < 1:
         print("codeclog replay: --workers must be >= 1", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    if args.dtype == "float16":
+        print(
+            "codeclog replay: --dtype float16: half precision is for CUDA; replay runs on the "
+            "CPU (use float32 or bfloat16)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    source = load_input(args.input)
     options = ReplayOptions(
         Policy(args.policy),
         args.vocoder,
         keep_pcm=args.wav_dir is not None,
         workers=args.workers,
         kernels=args.kernels,
+        hift=args.hift,
+        dtype=args.dtype,
     )
     progress = StderrProgress(time.monotonic, "replay", "records")
     result = replay(source, options, progress)

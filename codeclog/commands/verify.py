@@ -24,8 +24,9 @@ byte-identical; one written in another domain (native kernels on another CPU, a 
 byte-identical or within --max-abs-lsb and --min-snr-db, and the summary says how many windows
 each comparison judged. --kernels auto (the default) replays with native kernels when every
 window was written in this machine's native domain, else with the portable kernels (the same
-bytes on every x86-64 CPU). Every payload is rehashed: bytes that do not match their own
-sha256 field are reported as corrupt.
+bytes on every x86-64 CPU). Audio written by a causal-HiFT member (its domain ends in
+":causal", `vocode --hift causal`) is replayed with the causal HiFT. Every payload is
+rehashed: bytes that do not match their own sha256 field are reported as corrupt.
 
 It replays the whole chunk topic offline (same fold, same vocoder) and reads the audio topic
 with read_committed, so run it when the consumer is idle (after `codeclog vocode
@@ -149,11 +150,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _engine_factory(spec: str, device: str, kernels: str) -> Callable[[frozenset[str]], Any]:
     def build(domains: frozenset[str]) -> Any:
-        from codeclog.vocoder.domain import kernels_reproducing
+        from codeclog.vocoder.domain import (
+            engine_domain_suffix,
+            hift_variant_reproducing,
+            kernels_reproducing,
+        )
         from codeclog.vocoder.engine import Code2WavEngine
 
-        chosen = kernels_reproducing(domains, device) if kernels == "auto" else kernels
-        return Code2WavEngine.from_spec(spec, device=device, kernels=chosen)
+        hift = hift_variant_reproducing(domains)  # the audio's own HiFT variant (":causal")
+        suffix = engine_domain_suffix("float32", hift, "exact")
+        chosen = (
+            kernels_reproducing(domains, device, suffix=suffix) if kernels == "auto" else kernels
+        )
+        return Code2WavEngine.from_spec(spec, device=device, kernels=chosen, hift=hift)
 
     return build
 

@@ -25,6 +25,7 @@ Examples:
   codeclog vocode                                # tiny model on CPU, tolerant policy
   codeclog vocode --vocoder /models/token2wav --device cuda --metrics-port 9311
   codeclog vocode --group g1 --instance-id b     # a second member of the same group
+  codeclog vocode --vocoder /models/token2wav-1.0.7 --hift causal   # scheme B vocoder
 """
 
 
@@ -71,6 +72,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "the bytes of its solo decode) or ragged (all windows of a step in one flow and one "
         "HiFT call per final flag, padded and masked: fewer calls on a GPU, rows within a "
         "measured bound of solo decoding, see docs/vocoder.md)",
+    )
+    parser.add_argument(
+        "--hift",
+        choices=("noncausal", "causal"),
+        default="noncausal",
+        help="the HiFT vocoder of this member's engine: noncausal (default: scheme A, 8 "
+        "frames cross-faded between windows) or causal (scheme B, minicpmo-utils 1.0.7: a "
+        "fixed 8-frame delay and a bounded history, no cross-fade; needs the 1.0.7 checkpoint "
+        "layout, exact batching only). A different variant is a different determinism domain; "
+        "a member refuses streams a member of the other variant checkpointed",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default="float32",
+        help="the flow's precision (HiFT stays float32): float32 (default), bfloat16, or "
+        "float16 (CUDA only). Not float32: another determinism domain (other audio bytes)",
     )
     parser.add_argument(
         "--decode-workers",
@@ -140,6 +158,10 @@ def _refused(args: argparse.Namespace) -> str | None:
         return "--max-records and --max-open-streams must be >= 1"
     if args.state_budget_mb is not None and not args.state_budget_mb > 0:
         return "--state-budget-mb must be > 0"
+    if args.hift == "causal" and args.batching == "ragged":
+        return "--hift causal batches exact only (ragged batching is scheme A's): drop --batching"
+    if args.dtype == "float16" and not args.device.startswith("cuda"):
+        return "--dtype float16: half precision is for CUDA; on the CPU use float32 or bfloat16"
     if args.decode_workers is not None and args.decode_workers < 1:
         return "--decode-workers must be >= 1"
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
@@ -214,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
             workers=args.decode_workers,
             kernels=args.kernels,
             batching=args.batching,
+            hift=args.hift,
+            dtype=args.dtype,
         )
         check_engine_fits(FoldConfig(policy=Policy(args.policy)), engine)
     except Exception as exc:  # any load failure is reported in one sentence

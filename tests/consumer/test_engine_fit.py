@@ -12,6 +12,7 @@ from codeclog.consumers.pipeline import (
     AudioPipeline,
     EngineMismatchError,
     PipelineConfig,
+    check_checkpoint_fits,
     check_engine_fits,
 )
 from codeclog.schemas.records import MAX_CODEC_ID
@@ -51,3 +52,42 @@ def test_a_codec_range_mismatch_is_refused() -> None:
 def test_the_tiny_engine_fits_the_default_fold(tiny_engine: Any) -> None:
     assert tiny_engine.lookahead_frames == FoldConfig().lookahead_frames
     check_engine_fits(FoldConfig(), tiny_engine)
+
+
+CAUSAL = "portable1:torch2.15:x86_64:causal"
+NONCAUSAL = "portable1:torch2.15:x86_64"
+
+
+@pytest.mark.parametrize(("written", "here"), [(CAUSAL, NONCAUSAL), (NONCAUSAL, CAUSAL)])
+def test_a_checkpoint_of_the_other_hift_variant_is_refused(written: str, here: str) -> None:
+    with pytest.raises(EngineMismatchError, match=r"request r1: .* written by a \w+ HiFT engine"):
+        check_checkpoint_fits("r1", written, here)
+
+
+@pytest.mark.parametrize(
+    ("written", "here"),
+    [
+        (CAUSAL, CAUSAL),
+        (NONCAUSAL, NONCAUSAL),
+        (CAUSAL, "native:torch2.15:cpu:AuthenticAMD:AVX2:t1:causal"),  # other kernels: a warning
+        ("", CAUSAL),  # unknown writer
+        (NONCAUSAL + ":bfloat16", NONCAUSAL),  # another dtype: the cross-domain warning only
+    ],
+)
+def test_a_checkpoint_of_the_same_variant_fits(written: str, here: str) -> None:
+    check_checkpoint_fits("r1", written, here)
+
+
+def test_recovery_refuses_a_causal_stream_before_decoding_anything() -> None:
+    """The check runs before the epoch is read back (no cluster is touched: none exists)."""
+    from codeclog.consumers.recovery import Recovery, RecoverySource
+    from codeclog.schemas.records import StreamCheckpoint
+
+    recovery = Recovery(RecoverySource({}, "chunks", "progress", "g", 0.1), metrics=None)  # type: ignore[arg-type]
+    pipeline = AudioPipeline(PipelineConfig(), None)
+    pipeline.domain = NONCAUSAL
+    written = StreamCheckpoint(
+        "r1", "chunks", 0, True, 0, 0, 5, 1, 24000, determinism_domain=CAUSAL
+    )
+    with pytest.raises(EngineMismatchError, match="run it with --hift causal"):
+        recovery._rebuild(pipeline, None, {"r1": 0}, {"r1": written})  # type: ignore[arg-type]

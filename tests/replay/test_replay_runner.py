@@ -136,6 +136,8 @@ def test_write_wavs_writes_24khz_mono_16bit(tmp_path: Path) -> None:
         (["replay", "/nonexistent/x.ocf"], "cannot read"),
         (["replay", "{tmp}/garbage.jsonl"], "neither a capture file nor a valid JSONL scenario"),
         (["replay", "{scenario}", "--wav-dir", "{tmp}/w"], "--wav-dir needs audio"),
+        (["replay", "{scenario}", "--hift", "causal"], "--hift and --dtype choose the vocoder"),
+        (["replay", "{scenario}", "--vocoder", "tiny", "--dtype", "float16"], "is for CUDA"),
         (["replay", "{scenario}", "--to-topic", "t", "--json"], "--to-topic republishes only"),
         (["diff", "{scenario}", "{capture}"], "cannot compare a capture with a report"),
         (["diff", "{scenario}", "{scenario}"], "neither a capture nor a JSON replay report"),

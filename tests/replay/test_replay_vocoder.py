@@ -78,3 +78,54 @@ def test_wav_files_hold_exactly_the_reported_audio(
             frames = wav.readframes(wav.getnframes())
         assert len(frames) // 2 == entry["audio"]["samples"] > 0
         assert hashlib.sha256(frames).hexdigest() == entry["audio"]["sha256"]
+
+
+# The causal HiFT replay of SCENARIO's r1 (3 windows) per determinism domain: any process on any
+# machine of that domain must give these bytes (portable kernels: every x86-64 CPU).
+CAUSAL_R1_SHA256 = {
+    "portable1:torch2.15:x86_64:causal": (
+        "e32ad4d384bb687874b6b0f125cba098a4f271e3b42580f89226390387ba5c85"
+    ),
+}
+
+
+def _causal_argv() -> list[str]:
+    return ["replay", str(SCENARIO), "--vocoder", "tiny", "--hift", "causal", "--json"]
+
+
+def test_causal_hift_replay_follows_scheme_b_and_its_pinned_bytes(run_cli: RunCli) -> None:
+    """`--hift causal` end to end, in this process: each window's samples follow the causal
+    HiFT's rule over its new mel frames (2 per new id; a non-final window's last 3 ids are
+    lookahead): fixed 8-frame delay, the first audio led by 3840 zeros, the final window
+    flushing the held 8 frames; the audio equals the bytes pinned for this domain."""
+    from codeclog.vocoder.causal_hift import emitted_samples
+
+    code, out, err = run_cli(_causal_argv())
+    assert code == 0, err
+    report = json.loads(out)
+    domain = report["determinism_domain"]
+    assert domain.endswith(":causal")
+    request = report["requests"]["r1"]
+    decodes = [o for o in request["outcomes"] if o["kind"] == "decode"]
+    mel_frames = [2 * (o["frames"] - (0 if o["final"] else 3)) for o in decodes]
+    samples = [w["samples"] for w in request["audio"]["windows"]]
+    assert len(samples) == 3 and samples == emitted_samples(mel_frames)
+    assert sum(samples) == sum(mel_frames) * 480 + 3840
+    if domain in CAUSAL_R1_SHA256:
+        assert request["audio"]["sha256"] == CAUSAL_R1_SHA256[domain]
+
+
+@pytest.mark.nightly  # ~15 s; CI: test_causal_hift_replay_follows_scheme_b_and_its_pinned_bytes
+def test_causal_hift_replay_is_identical_in_two_processes(run_cli: RunCli) -> None:
+    """One replay in a subprocess and one in this process (another global RNG state, other
+    imports): the same report bytes."""
+    other = subprocess.Popen(
+        [sys.executable, "-m", "codeclog.cli", *_causal_argv()],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    code, out, err = run_cli(_causal_argv())
+    theirs, their_err = other.communicate(timeout=280)
+    assert code == 0 and other.returncode == 0, (err, their_err.decode())
+    assert out.encode() == theirs
