@@ -6,12 +6,9 @@ Kept small for CI: tiny sizes, one stream of two windows (16 + 8 frames), one em
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.vocoder.test_cross_cpu import REPO, _qemu
+from tests.vocoder.test_cross_cpu import _qemu, decode, digest
 
 pytestmark = [pytest.mark.vocoder, pytest.mark.slow]
 EMULATED_CPU = "Haswell-v4"
@@ -38,32 +35,12 @@ print(digest.hexdigest())
 """
 
 
-def _start(prefix: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*prefix, sys.executable, "-c", SCRIPT],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _digest(process: subprocess.Popen[str], label: str) -> str:
-    try:
-        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        pytest.fail(f"{label}: no digest within {TIMEOUT_S} s")
-    assert process.returncode == 0, f"{label}: {stderr[-2000:]}"
-    return stdout.strip().splitlines()[-1]
-
-
 # ~70 s of CPU under emulation (half of it importing torch); minutes on a loaded 2-core box
 @pytest.mark.nightly  # 64 s of CI; the scheme-A cross-CPU test stays in CI
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_portable_causal_hift_bytes_are_the_same_on_an_emulated_intel_cpu() -> None:
     qemu = _qemu()
-    emulated = _start([qemu, "-cpu", EMULATED_CPU])  # the slow one starts first
-    native = _digest(_start([]), "native run")
+    emulated = decode([qemu, "-cpu", EMULATED_CPU], SCRIPT)  # the slow one starts first
+    native = digest(decode([], SCRIPT), "native run", TIMEOUT_S)
     assert len(native) == 64
-    assert _digest(emulated, EMULATED_CPU) == native
+    assert digest(emulated, EMULATED_CPU, TIMEOUT_S) == native

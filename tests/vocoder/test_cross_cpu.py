@@ -39,9 +39,10 @@ def _qemu() -> str:
     return found
 
 
-def _decode(prefix: list[str]) -> subprocess.Popen[str]:
+def decode(prefix: list[str], script: str = DECODE_SCRIPT, *args: str) -> subprocess.Popen[str]:
+    """`script` (printing a digest last) in a new process, under `prefix` (e.g. qemu)."""
     return subprocess.Popen(
-        [*prefix, sys.executable, "-c", DECODE_SCRIPT, "7", "portable"],
+        [*prefix, sys.executable, "-c", script, *args],
         cwd=REPO,
         env={**os.environ, "PYTHONHASHSEED": "7"},
         stdout=subprocess.PIPE,
@@ -50,21 +51,27 @@ def _decode(prefix: list[str]) -> subprocess.Popen[str]:
     )
 
 
-def _digest(process: subprocess.Popen[str], label: str) -> str:
+def digest(
+    process: subprocess.Popen[str], label: str, timeout_s: float = EMULATION_TIMEOUT_S
+) -> str:
+    """The last line the process printed, or a failure naming `label`."""
     try:
-        stdout, stderr = process.communicate(timeout=EMULATION_TIMEOUT_S)
+        stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         process.kill()
-        pytest.fail(f"{label}: no digest within {EMULATION_TIMEOUT_S} s")
+        pytest.fail(f"{label}: no digest within {timeout_s} s")
     assert process.returncode == 0, f"{label}: {stderr[-2000:]}"
     return stdout.strip().splitlines()[-1]
 
 
+GOLDEN = (DECODE_SCRIPT, "7", "portable")  # the golden stream, seed 7, portable kernels
+
+
 def _same_bytes_under(cpu: str) -> None:
-    emulated = _decode([_qemu(), "-cpu", cpu])
-    here = _digest(_decode([]), "native run")
+    emulated = decode([_qemu(), "-cpu", cpu], *GOLDEN)
+    here = digest(decode([], *GOLDEN), "native run")
     assert len(here) == 64
-    assert _digest(emulated, cpu) == here, f"portable bytes differ under {cpu}"
+    assert digest(emulated, cpu) == here, f"portable bytes differ under {cpu}"
 
 
 def test_portable_golden_bytes_are_the_same_on_an_emulated_intel() -> None:
