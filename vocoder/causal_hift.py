@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
-from codeclog.vocoder.hift import Snake, _hann_periodic, fuse_weight_norm
+from codeclog.vocoder.hift import Snake, _hann_periodic, fuse_weight_norm, resblock_stacks
 from codeclog.vocoder.kernels import portable_active
 
 F64 = torch.float64
@@ -282,21 +282,7 @@ class CausalHiFTGenerator(nn.Module):
             for i, (u, k) in enumerate(zip(rates, config.upsample_kernel_sizes, strict=True))
         )
         self.source_downs = nn.ModuleList(_source_downs(config))
-        self.source_resblocks = nn.ModuleList(
-            CausalResBlock(config.base_channels // 2 ** (i + 1), k, d)
-            for i, (k, d) in enumerate(
-                zip(
-                    config.source_resblock_kernel_sizes,
-                    config.source_resblock_dilations,
-                    strict=True,
-                )
-            )
-        )
-        self.resblocks = nn.ModuleList(
-            CausalResBlock(config.base_channels // 2 ** (i + 1), k, d)
-            for i in range(len(rates))
-            for k, d in zip(config.resblock_kernel_sizes, config.resblock_dilations, strict=True)
-        )
+        self.source_resblocks, self.resblocks = resblock_stacks(config, CausalResBlock)
         last = config.base_channels // 2 ** len(rates)
         self.conv_post = weight_norm(CausalConv1d(last, config.istft_n_fft + 2, 7))
         self.reflection_pad = nn.ReflectionPad1d((1, 0))

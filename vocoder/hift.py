@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -290,21 +290,7 @@ class HiFTGenerator(nn.Module):
         self.conv_pre = _wn_conv(config.in_channels, config.base_channels, 7, 1, 3)
         self.ups = nn.ModuleList(_up_layers(config))
         self.source_downs = nn.ModuleList(_source_downs(config))
-        self.source_resblocks = nn.ModuleList(
-            ResBlock(config.base_channels // 2 ** (i + 1), k, d)
-            for i, (k, d) in enumerate(
-                zip(
-                    config.source_resblock_kernel_sizes,
-                    config.source_resblock_dilations,
-                    strict=True,
-                )
-            )
-        )
-        self.resblocks = nn.ModuleList(
-            ResBlock(config.base_channels // 2 ** (i + 1), k, d)
-            for i in range(len(config.upsample_rates))
-            for k, d in zip(config.resblock_kernel_sizes, config.resblock_dilations, strict=True)
-        )
+        self.source_resblocks, self.resblocks = resblock_stacks(config, ResBlock)
         last = config.base_channels // 2 ** len(config.upsample_rates)
         self.conv_post = _wn_conv(last, config.istft_n_fft + 2, 7, 1, 3)
         self.reflection_pad = nn.ReflectionPad1d((1, 0))
@@ -379,6 +365,39 @@ def _up_layers(config: HiftConfig) -> list[nn.Module]:
         conv = nn.ConvTranspose1d(cin, cout, kernel, rate, padding=(kernel - rate) // 2)
         layers.append(weight_norm(conv))
     return layers
+
+
+class StageSizes(Protocol):
+    """The sizes both HiFT variants' resblock stacks are built from."""
+
+    @property
+    def base_channels(self) -> int: ...
+    @property
+    def upsample_rates(self) -> tuple[int, ...]: ...
+    @property
+    def resblock_kernel_sizes(self) -> tuple[int, ...]: ...
+    @property
+    def resblock_dilations(self) -> tuple[tuple[int, ...], ...]: ...
+    @property
+    def source_resblock_kernel_sizes(self) -> tuple[int, ...]: ...
+    @property
+    def source_resblock_dilations(self) -> tuple[tuple[int, ...], ...]: ...
+
+
+def resblock_stacks(
+    config: StageSizes, block: Callable[[int, int, tuple[int, ...]], nn.Module]
+) -> tuple[nn.ModuleList, nn.ModuleList]:
+    """The source resblocks (one per upsampling stage) and the resblocks (one per kernel size
+    per stage), in the order and with the channels the checkpoints' parameter names expect;
+    `block` is the variant's ResBlock class."""
+    stages = range(len(config.upsample_rates))
+    source = zip(config.source_resblock_kernel_sizes, config.source_resblock_dilations, strict=True)
+    kernels = list(zip(config.resblock_kernel_sizes, config.resblock_dilations, strict=True))
+    channels = [config.base_channels // 2 ** (i + 1) for i in stages]
+    return (
+        nn.ModuleList(block(channels[i], k, d) for i, (k, d) in enumerate(source)),
+        nn.ModuleList(block(channels[i], k, d) for i in stages for k, d in kernels),
+    )
 
 
 def _source_downs(config: HiftConfig) -> list[nn.Module]:

@@ -13,6 +13,7 @@ in when it is missing.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -110,6 +111,17 @@ def _swapped_import(root: str, modules: tuple[str, ...]) -> list[types.ModuleTyp
         for key in [k for k in sys.modules if k == PACKAGE or k.startswith(PACKAGE + ".")]:
             del sys.modules[key]
         sys.modules.update(saved)
+
+
+@functools.cache
+def causal_upstream() -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
+    """(generator, f0_predictor, bounded_vocoder) of the causal reference, imported once per
+    session: every test module must use the same classes, or an upstream model built from one
+    import fails another import's isinstance checks (BoundedVocoder's)."""
+    generator, f0, bounded = import_causal_reference(
+        "causal_vocoder.generator", "causal_vocoder.f0_predictor", "causal_vocoder.bounded_vocoder"
+    )
+    return generator, f0, bounded
 
 
 def import_causal_reference(*modules: str) -> list[types.ModuleType]:

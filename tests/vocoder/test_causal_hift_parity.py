@@ -38,7 +38,7 @@ from codeclog.vocoder.causal_hift import (
     initialise_causal_hift,
 )
 from codeclog.vocoder.hift import Snake
-from tests.vocoder.reference import import_causal_reference
+from tests.vocoder.reference import causal_upstream
 
 pytestmark = pytest.mark.vocoder
 SEEDS = (1, 2, 3)
@@ -48,13 +48,7 @@ BATCHED_ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def upstream() -> tuple[Any, Any, Any]:
-    return tuple(  # type: ignore[return-value]
-        import_causal_reference(
-            "causal_vocoder.generator",
-            "causal_vocoder.f0_predictor",
-            "causal_vocoder.bounded_vocoder",
-        )
-    )
+    return causal_upstream()
 
 
 def parity_weights(model: CausalHiFTGenerator, seed: int) -> None:
@@ -69,15 +63,16 @@ def parity_weights(model: CausalHiFTGenerator, seed: int) -> None:
                 gain.mul_(torch.empty_like(gain).uniform_(0.8, 1.25, generator=generator))
 
 
-_BUILT: dict[CausalHiftConfig, nn.Module] = {}
+_BUILT: dict[tuple[int, CausalHiftConfig], nn.Module] = {}
 
 
 def upstream_model(upstream: tuple[Any, Any, Any], config: CausalHiftConfig) -> nn.Module:
     """One upstream model per config (its construction draws two 7.2M x 9 / x 1 global-RNG
     tables, seconds each); the callers load their weights into it."""
-    if config not in _BUILT:
-        _BUILT[config] = _build_upstream(upstream, config)
-    return _BUILT[config]
+    key = (id(upstream[0]), config)  # per import of the reference (its classes)
+    if key not in _BUILT:
+        _BUILT[key] = _build_upstream(upstream, config)
+    return _BUILT[key]
 
 
 def _build_upstream(upstream: tuple[Any, Any, Any], config: CausalHiftConfig) -> nn.Module:

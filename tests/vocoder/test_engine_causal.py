@@ -25,7 +25,7 @@ from codeclog.vocoder.engine import Code2WavEngine, WindowRejectedError, WindowR
 from codeclog.vocoder.errors import VocoderConfigError
 from codeclog.vocoder.flow import canonical_windows
 from codeclog.vocoder.stream_state import StreamState
-from tests.vocoder.reference import import_causal_reference
+from tests.vocoder.reference import causal_upstream
 from tests.vocoder.test_causal_hift_parity import UpstreamStream, parity_weights, upstream_model
 
 pytestmark = pytest.mark.vocoder
@@ -37,13 +37,7 @@ NEW_MEL_FRAMES = [2 * 25, 2 * 25, 2 * 10]
 @pytest.fixture(scope="module")
 def upstream() -> tuple[Any, Any, Any]:
     """minicpmo-utils 1.0.7's causal_vocoder modules (as test_causal_hift_parity loads them)."""
-    return tuple(  # type: ignore[return-value]
-        import_causal_reference(
-            "causal_vocoder.generator",
-            "causal_vocoder.f0_predictor",
-            "causal_vocoder.bounded_vocoder",
-        )
-    )
+    return causal_upstream()
 
 
 @pytest.fixture(scope="module")
