@@ -25,6 +25,7 @@ Examples:
   codeclog vocode                                # tiny model on CPU, tolerant policy
   codeclog vocode --vocoder /models/token2wav --device cuda --metrics-port 9311
   codeclog vocode --group g1 --instance-id b     # a second member of the same group
+  codeclog vocode --overlap-transactions         # audio produced while the last step commits
 """
 
 
@@ -122,6 +123,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help="SIGTERM/SIGINT end the process within this long: the current step commits "
         "(exit 0), or, if it cannot finish in time, exit 1 without it (default 25)",
+    )
+    parser.add_argument(
+        "--overlap-transactions",
+        action="store_true",
+        help="two transactional producers (ids <group>-<instance> and <group>-<instance>"
+        "-overlap): step N+1 produces its audio while step N commits, so read_uncommitted "
+        "(speculative) listeners see it one commit sooner; N+1 commits only after N and is "
+        "aborted with it, so read_committed readers still get every window exactly once. "
+        'Off by default (README, "How recovery works")',
     )
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="log every step and librdkafka's own lines"
@@ -230,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         exit_when_idle_s=args.exit_when_idle,
         outage_timeout_s=args.outage_timeout,
         stop_timeout_s=args.stop_timeout,
+        overlap_transactions=args.overlap_transactions,
     )
     service = VocoderService(
         client_config,
