@@ -86,7 +86,6 @@ class OverlappingTransactions:
         self._current: int | None = None  # the step being built on the service's thread
         self._threads: dict[int, threading.Thread] = {}  # step -> its commit thread
         self._delivered: dict[int, threading.Event] = {}  # step -> its records acknowledged
-        self._flush_failed: dict[int, StuckCallError] = {}
         self._error: tuple[int, TransactionError] | None = None  # first failure, not raised yet
         self._raised: tuple[int, TransactionError] | None = None  # raised, not yet handled
 
@@ -133,6 +132,8 @@ class OverlappingTransactions:
         """Both producers, initialised with the same retry as one (fences both ids)."""
         for slot in self.slots:
             slot.start(retry_for_s, stop)
+        ids = " and ".join(slot.transactional_id for slot in self.slots)
+        log.info("overlapping transactions: producers %s, alternating per step", ids)
 
     def ensure_producer(self, reason: str = "") -> None:
         for slot in self.slots:
@@ -181,28 +182,34 @@ class OverlappingTransactions:
             self._current = None
             if not self.order.request_commit(step):
                 return  # an earlier step failed meanwhile: its error is recorded
-            self._delivered[step] = threading.Event()
+            delivered = self._delivered[step] = threading.Event()
             thread = threading.Thread(
                 target=self._commit,
-                args=(step, on_committed),
+                args=(step, delivered, on_committed),
                 name=f"codeclog-commit-{self.order.slot(step)}",
                 daemon=True,
             )
             self._threads[step] = thread
         thread.start()
 
-    def _commit(self, step: int, on_committed: Callable[[], None]) -> None:
+    def _commit(
+        self, step: int, delivered: threading.Event, on_committed: Callable[[], None]
+    ) -> None:
+        """On the step's commit thread. An exception other than Kafka's ends the thread with
+        the step unresolved; `_join_step` then gives it up (never a commit out of order)."""
         producer = self._slot(step).producer
         assert producer is not None
         timeout = self.kafka_timeout_s
         try:
-            if producer.flush(timeout) > 0:
-                stuck = StuckCallError("flush (the step's records)", timeout)
-                self._flush_failed[step] = stuck
-                self._fail(step, stuck)
-                return
+            remaining = producer.flush(timeout)  # the step's records acknowledged: log order
+        except KafkaException as exc:
+            self._fail(step, exc)
+            return
         finally:
-            self._delivered[step].set()
+            delivered.set()
+        if remaining > 0:
+            self._fail(step, StuckCallError("flush (the step's records)", timeout))
+            return
         with self._lock:
             while (verdict := self.order.verdict(step)) is None:
                 self._lock.wait()
@@ -244,7 +251,9 @@ class OverlappingTransactions:
     def _join_step(self, step: int, thread: threading.Thread) -> None:
         limit = self.kafka_timeout_s * 2 + kafka_calls.CALL_GRACE_S  # flush, then commit
         thread.join(limit)
-        if thread.is_alive():
+        with self._lock:
+            unresolved = step in self.order.in_flight  # stuck, or ended without an outcome
+        if unresolved:
             self._fail(step, StuckCallError("commit_transaction", limit))
         with self._lock:
             self._threads.pop(step, None)
@@ -260,8 +269,9 @@ class OverlappingTransactions:
             stuck = StuckCallError("flush (the previous step's records)", limit)
             self._fail(step, stuck)  # the earlier step's producer is stuck: it is given up on
             self._raise_recorded()
-        if self._flush_failed.pop(step, None) is not None:
-            self._raise_recorded()
+        # a failure recorded now is the earlier step's (the step being built has no commit
+        # yet), which has aborted the step being built with it
+        self._raise_recorded()
 
     def _raise_recorded(self) -> None:
         with self._lock:
@@ -300,7 +310,6 @@ class OverlappingTransactions:
                 if index != owners[0]:
                     slot.abort_quietly()  # the other step's transaction, if still open
             with self._lock:
-                self._flush_failed.clear()
                 self.order.rewound()
 
     def abort_quietly(self) -> None:

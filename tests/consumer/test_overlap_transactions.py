@@ -28,6 +28,7 @@ class FakeProducer:
         self.hold = threading.Event()
         self.hold.set()
         self.fail_commit: KafkaException | None = None
+        self.unflushed = 0  # records flush() leaves undelivered
         self.open = False
 
     def _note(self, call: str) -> None:
@@ -47,7 +48,7 @@ class FakeProducer:
 
     def flush(self, timeout: float) -> int:
         self._note("flushed")
-        return 0
+        return self.unflushed
 
     def commit_transaction(self, timeout: float) -> None:
         self._note("commit called")
@@ -212,3 +213,16 @@ def test_a_stuck_commit_is_given_up_on_with_the_next_step() -> None:
     a.hold.set()  # it returns late: it no longer counts
     time.sleep(0.1)
     assert done == [] and ("b", "commit called") not in EVENTS
+
+
+def test_undelivered_records_of_a_step_stop_the_next_before_it_produces() -> None:
+    tx, (a, _b) = _overlap()
+    a.unflushed = 3
+    done: list[str] = []
+    _step(tx, "s0", done)
+    with pytest.raises(StuckCallError, match="flush") as failure:
+        _step(tx, "s1", done)
+    tx.handle_error(failure.value)
+    assert ("b", "produce s1") not in EVENTS and ("a", "commit called") not in EVENTS
+    assert tx.slots[0].wedged  # replaced by the service's ensure_producer
+    assert done == []

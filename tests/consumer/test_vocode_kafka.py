@@ -454,3 +454,65 @@ def test_a_fenced_member_ends_with_one_line_and_exit_1(stack: Any, tiny_engine: 
     assert second.wait(240) == 0, stack.logs()
     report = verify(stack.client, stack.topics, tiny_engine)
     assert report.ok, (report.to_dict(), stack.logs())
+
+
+OVERLAP = ("--overlap-transactions", "--max-records", "8")
+
+
+def _open_transaction_to_kill(stack: Any, admin: AdminClient, process: Any, budget: Any) -> None:
+    """Freeze `process` (SIGSTOP) inside an open audio transaction. A member that has done
+    all its input gets a little more (a fast machine drains the first batch quickly)."""
+    baseline = _audio_ends(stack, admin)[1]
+    open_work = lambda: _open_audio_transaction(stack, admin, baseline)  # noqa: E731
+    seed = 100
+    while True:
+        waited_until = time.monotonic() + 3.0
+        while not open_work() and time.monotonic() < waited_until:
+            budget.wait("the member alive", lambda: True, process)
+        if not open_work():
+            seed += 1
+            stack.publish_sessions(sessions=1, seconds=2, seed=seed)
+            continue
+        process.send_signal(signal.SIGSTOP)
+        time.sleep(0.5)  # a commit already sent lands now: then this is not open work
+        if open_work():
+            return
+        process.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.timeout(300)
+def test_overlapping_transactions_survive_sigkill_exactly_once(
+    stack: Any, tiny_engine: Any
+) -> None:
+    """`vocode --overlap-transactions` (two producers, the next step produced while the
+    previous commits) is SIGKILLed inside an open audio transaction once it has committed, and
+    a member in the same mode (in this process: no second model load) finishes the work: every
+    window exactly once, byte-identical. The order itself (commit after, abort with) is
+    unit-tested without Kafka in test_commit_order.py and test_overlap_transactions.py."""
+    stack.publish_sessions(sessions=3, seconds=4, seed=23)
+    budget = _Budget(stack, 240)
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
+    process = stack.vocode("o", *OVERLAP, idle_s=60)
+    budget.wait(
+        "every partition restored",
+        lambda: _restored(stack, process) == stack.topics.partitions,
+        process,
+    )  # the group's coordinator answers from here on
+    budget.wait("a first commit", lambda: _committed(stack, admin) > 0, process)  # fresh group
+    log = stack.log_of[process.pid].read_text(errors="replace")
+    assert f"producers {stack.group}-o and {stack.group}-o-overlap" in log
+    _open_transaction_to_kill(stack, admin, process, budget)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    config = VocodeConfig(
+        group=stack.group,
+        instance_id="o",
+        max_records=8,
+        exit_when_idle_s=2.0,
+        overlap_transactions=True,
+    )
+    service = VocoderService(stack.client, stack.topics, config, tiny_engine)
+    assert service.run() == 0  # fences both ids: the killed member's transactions abort
+    assert service.stats["windows"] > 0  # it redid the aborted audio
+    report = verify(stack.client, stack.topics, tiny_engine)
+    assert report.ok, (report.to_dict(), stack.logs())
