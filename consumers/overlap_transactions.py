@@ -221,10 +221,11 @@ class OverlappingTransactions:
             self._fail(step, exc)
             return
         with self._lock:
-            counts = self.order.committed(step)  # False: given up on as stuck meanwhile
+            # False: given up on as stuck meanwhile. Under the lock, so the next step's
+            # callback (stats, metrics) runs after this one's, never at the same time.
+            if self.order.committed(step):
+                on_committed()
             self._lock.notify_all()
-        if counts:
-            on_committed()
 
     def _fail(self, step: int, exc: TransactionError) -> None:
         with self._lock:

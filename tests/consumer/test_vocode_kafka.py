@@ -576,7 +576,7 @@ def test_overlapping_transactions_abort_together_exactly_once(stack: Any, tiny_e
     records = stack.publish_sessions(sessions=3, seconds=4, seed=24)
     assert records >= 8  # several steps of 2
     config = VocodeConfig(
-        group=stack.group, exit_when_idle_s=2.0, max_records=2, overlap_transactions=True
+        group=stack.group, exit_when_idle_s=1.0, max_records=2, overlap_transactions=True
     )
     service = VocoderService(stack.client, stack.topics, config, tiny_engine)
     first, second = service.transactions.slots  # type: ignore[union-attr]
