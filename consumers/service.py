@@ -47,6 +47,7 @@ from codeclog.consumers.kafka_calls import (
 )
 from codeclog.consumers.log_reader import input_record
 from codeclog.consumers.metrics import VocoderMetrics
+from codeclog.consumers.overlap_transactions import OverlappingTransactions, overlap_ids
 from codeclog.consumers.pipeline import (
     DEAD_LETTER_HEADROOM_BYTES,
     DEAD_LETTER_RAW_LIMIT,
@@ -103,6 +104,9 @@ class VocodeConfig:
     # After stop() (SIGTERM): if the clean stop has not finished within this long, the process
     # ends itself (exit 1, one line). None: no such watchdog (in-process library use).
     stop_timeout_s: float | None = None
+    # Two transactional producers, step N+1 produced while step N commits, committed after it
+    # and aborted with it (consumers/overlap_transactions.py; README, "How recovery works").
+    overlap_transactions: bool = False
 
     @property
     def transactional_id(self) -> str:
@@ -130,7 +134,8 @@ class VocoderService:
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self._dead_letter_limit = DEAD_LETTER_RAW_LIMIT
         self.pipeline = self._new_pipeline()
-        self.transactions = Transactions(
+        kind = OverlappingTransactions if config.overlap_transactions else Transactions
+        self.transactions: Transactions | OverlappingTransactions = kind(
             client_config,
             config.transactional_id,
             config.transaction_timeout_ms,
@@ -427,10 +432,15 @@ class VocoderService:
     def _doing(self) -> dict[str, str]:
         """What each kind of authorisation refusal means for this member (kafka_access)."""
         t = self.topics
+        ids = (
+            overlap_ids(self.config.transactional_id)
+            if self.config.overlap_transactions
+            else (self.config.transactional_id,)
+        )
         return {
             "topic": f"READ topic {t.chunks} or WRITE topics {t.audio}, {t.dlq}, {t.progress}",
             "group": f"READ group {self.config.group}",
-            "transactional id": f"WRITE transactional id {self.config.transactional_id}",
+            "transactional id": f"WRITE transactional id {' and '.join(ids)}",
         }
 
     def _refusal(self, exc: BaseException) -> CodeclogError | None:
@@ -482,7 +492,7 @@ class VocoderService:
             return StepOutput()
         self.pipeline.evict_oldest(out, self.config.max_open_streams)
         tx = self.transactions
-        tx.await_commit()  # raises if it failed: this step's results are then discarded
+        tx.await_turn()  # raises if it failed: this step's results are then discarded
         self.checkpoints.note_epoch_starts(out)
         tx.begin()
         for chunk in out.audio:

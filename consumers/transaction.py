@@ -222,6 +222,10 @@ class Transactions:
                 self._commit_error = StuckCallError("commit_transaction", limit)
             self._committing = None
 
+    def await_turn(self) -> None:
+        """Before the next step begins: with one producer, the previous commit must be done."""
+        self.await_commit()
+
     def await_commit(self) -> None:
         """Wait for the previous step's commit; re-raise its failure here, on the caller's
         thread (once)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 import signal
@@ -11,7 +12,13 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from codeclog.cli import main
@@ -425,3 +432,143 @@ def test_a_fenced_member_ends_with_one_line_and_exit_1(stack: Any, tiny_engine: 
     assert second.wait(240) == 0, stack.logs()
     report = verify(stack.client, stack.topics, tiny_engine)
     assert report.ok, (report.to_dict(), stack.logs())
+
+
+OVERLAP = ("--overlap-transactions", "--max-records", "8")
+
+
+def _open_transaction_to_kill(stack: Any, admin: AdminClient, process: Any, budget: Any) -> None:
+    """Freeze `process` (SIGSTOP) inside an open audio transaction. The member has drained
+    its first batch by now on a fast machine: each try publishes a little more first."""
+    for seed in itertools.count(100):
+        baseline = _audio_ends(stack, admin)[1]
+        open_work = lambda b=baseline: _open_audio_transaction(stack, admin, b)  # noqa: E731
+        stack.publish_sessions(sessions=1, seconds=3, seed=seed)
+        looking_until = time.monotonic() + 3.0
+        while not open_work() and time.monotonic() < looking_until:
+            budget.wait("the member alive", lambda: True, process)
+        if not open_work():
+            continue
+        process.send_signal(signal.SIGSTOP)
+        time.sleep(0.5)  # a commit already sent lands now: then this is not open work
+        if open_work():
+            return
+        process.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.nightly  # 33 s; test_overlapping_transactions_abort_together_exactly_once is CI's
+@pytest.mark.timeout(300)
+def test_overlapping_transactions_survive_sigkill_exactly_once(
+    stack: Any, tiny_engine: Any
+) -> None:
+    """`vocode --overlap-transactions` (two producers, the next step produced while the
+    previous commits) is SIGKILLed inside an open audio transaction once it has committed, and
+    a member in the same mode (in this process: no second model load) finishes the work: every
+    window exactly once, byte-identical. The order itself (commit after, abort with) is
+    unit-tested without Kafka in test_commit_order.py and test_overlap_transactions.py."""
+    stack.publish_sessions(sessions=2, seconds=3, seed=23)
+    budget = _Budget(stack, 240)
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
+    process = stack.vocode("o", *OVERLAP, idle_s=60)
+    budget.wait(
+        "every partition restored",
+        lambda: _restored(stack, process) == stack.topics.partitions,
+        process,
+    )  # the group's coordinator answers from here on
+    budget.wait("a first commit", lambda: _committed(stack, admin) > 0, process)  # fresh group
+    log = stack.log_of[process.pid].read_text(errors="replace")
+    assert f"producers {stack.group}-o and {stack.group}-o-overlap" in log
+    _open_transaction_to_kill(stack, admin, process, budget)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    config = VocodeConfig(
+        group=stack.group,
+        instance_id="o",
+        max_records=8,
+        exit_when_idle_s=2.0,
+        overlap_transactions=True,
+    )
+    service = VocoderService(stack.client, stack.topics, config, tiny_engine)
+    assert service.run() == 0  # fences both ids: the killed member's transactions abort
+    assert service.stats["windows"] > 0  # it redid the aborted audio
+    report = verify(stack.client, stack.topics, tiny_engine)
+    assert report.ok, (report.to_dict(), stack.logs())
+
+
+class _FailsSecondCommit:
+    """A transactional producer whose second commit fails (abortable) once the other
+    producer has begun the next step: the cascade (N fails, N+1 aborted with it) on a broker."""
+
+    def __init__(self, producer: Any, other_began: threading.Event) -> None:
+        self._producer = producer
+        self._other_began = other_began
+        self.commits = 0
+        self.cascaded = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.commits += 1
+        if self.commits == 2:
+            self.cascaded = self._other_began.wait(10)  # the next step is in flight
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._TIMED_OUT, "injected commit failure", txn_requires_abort=True
+                )
+            )
+        self._producer.commit_transaction(timeout)
+
+
+class _SignalsBegin:
+    """The other producer: `began` is set when it begins its second transaction (step 3,
+    built while step 2, the first producer's second, commits)."""
+
+    def __init__(self, producer: Any, began: threading.Event) -> None:
+        self._producer = producer
+        self._began = began
+        self.begins = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def begin_transaction(self) -> None:
+        self._producer.begin_transaction()
+        self.begins += 1
+        if self.begins == 2:
+            self._began.set()
+
+
+def test_overlapping_transactions_abort_together_exactly_once(stack: Any, tiny_engine: Any) -> None:
+    """The overlap mode on the broker, in this process: two producers of one member commit
+    offsets of one group in turn (the coordinator accepts both), and a failed commit while the
+    next step is in flight on the other producer aborts both real transactions; the rewind
+    redoes both steps: every window exactly once. (The SIGKILL run is nightly.)"""
+    records = stack.publish_sessions(sessions=3, seconds=4, seed=24)
+    assert records >= 8  # several steps of 2
+    config = VocodeConfig(
+        group=stack.group, exit_when_idle_s=1.0, max_records=2, overlap_transactions=True
+    )
+    service = VocoderService(stack.client, stack.topics, config, tiny_engine)
+    first, second = service.transactions.slots  # type: ignore[union-attr]
+    began = threading.Event()
+    failing: list[_FailsSecondCommit] = []
+    start_first, start_second = first.start, second.start
+
+    def start_failing(retry_for_s: float, stop: threading.Event) -> None:
+        start_first(retry_for_s, stop)
+        failing.append(_FailsSecondCommit(first.producer, began))
+        first.producer = failing[0]  # type: ignore[assignment]
+
+    def start_signalling(retry_for_s: float, stop: threading.Event) -> None:
+        start_second(retry_for_s, stop)
+        second.producer = _SignalsBegin(second.producer, began)  # type: ignore[assignment]
+
+    first.start = start_failing  # type: ignore[method-assign]
+    second.start = start_signalling  # type: ignore[method-assign]
+    assert service.run() == 0
+    assert failing[0].commits > 2 and failing[0].cascaded
+    report = verify(stack.client, stack.topics, tiny_engine)
+    assert report.ok, report.to_dict()
+    # every window committed once, by this member (the aborted steps' were not counted)
+    assert report.expected_windows == service.stats["windows"]
