@@ -23,6 +23,7 @@ from codeclog.consumers.service import VocodeConfig, VocoderService
 from codeclog.consumers.verify import actual_audio, expected_audio
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
+from tests.consumer.conftest import LiveTalker
 
 pytestmark = [pytest.mark.kafka]
 
@@ -148,6 +149,10 @@ def _open_audio_transaction(stack: Any, admin: AdminClient) -> bool:
 
 @pytest.mark.vocoder
 @pytest.mark.slow
+# Nightly: 86 s, and on an idle machine its catch of an open transaction races a fast consumer
+# (it failed once in CI runs with a batch published at once); CI keeps the abort below
+# (test_an_aborted_transaction_plays_once_speculatively_and_never_committed), deterministic.
+@pytest.mark.nightly
 def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     stack: Any, tiny_engine: Any
 ) -> None:
@@ -175,9 +180,10 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     budget.mark("first consumer killed")
     second = stack.vocode("k", "--max-records", "8", idle_s=30)  # fences the first's leftover
     budget.wait("state restored", restored(second), second)
-    # Fresh work for the freeze below: on a fast machine the first member may have done the
-    # whole first batch before its kill, leaving the second nothing to hold open.
-    stack.publish_sessions(sessions=6, seconds=6, seed=22)
+    # Fresh work for the freeze below, spoken in real time so that steps (and their open
+    # transactions) keep coming while the loop below tries to catch one: a batch published at
+    # once is decoded in a few fast steps on an idle machine, and the member then idles out.
+    live = LiveTalker(stack, sessions=6, seconds=20, seed=22)
     while True:  # freeze it inside an open transaction (its commit may win the race)
         budget.wait("an open audio transaction", lambda: _open_audio_transaction(stack, admin),
                     second)  # fmt: skip
@@ -193,6 +199,8 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     second.send_signal(signal.SIGKILL)
     second.wait()
     budget.mark("second consumer killed inside an open transaction")
+    live.join(budget.left())
+    assert live.delivered_everything, stack.logs()
     final = stack.vocode("k", "--max-records", "8", idle_s=4)
     try:
         assert final.wait(budget.left()) == 0, stack.logs()
