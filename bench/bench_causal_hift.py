@@ -16,7 +16,7 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,9 +68,17 @@ def measure(name: str, windows: int) -> tuple[list[float], list[float]]:
     return times_a, times_b
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+Measure = Callable[[str, int, int], tuple[list[float], list[float]]]
+
+
+def compare_main(
+    doc: str, script: str, title: str, measure: Measure, argv: Sequence[str] | None
+) -> int:
+    """The A-vs-B table of one-row timings per size, for this bench and bench_engine_hift.py:
+    `measure(size, windows, threads)` gives A's and B's seconds per window; `title` is
+    formatted with the torch version and the thread count."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--configs", default="tiny,full", help="comma list of tiny, full")
     parser.add_argument("--windows", type=int, default=None, help="timed windows (tiny 8, full 3)")
@@ -80,28 +88,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(n not in ("tiny", "full") for n in names) or (args.windows or 1) < 1:
         print("--configs takes tiny and/or full; --windows must be >= 1", file=sys.stderr)
         return 2
-    torch.set_num_threads(args.threads)
     lines = [
         "| sizes | windows | A best s | A mean s | B best s | B mean s | RTF A | RTF B | B / A |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
-        windows = args.windows or (8 if name == "tiny" else 3)
-        ta, tb = measure(name, windows)
+        count = args.windows or (8 if name == "tiny" else 3)
+        ta, tb = measure(name, count, args.threads)
         ratio = min(tb) / min(ta)
         lines.append(
-            f"| {name} | {windows} | {min(ta):.3f} | {statistics.mean(ta):.3f} | {min(tb):.3f} "
+            f"| {name} | {count} | {min(ta):.3f} | {statistics.mean(ta):.3f} | {min(tb):.3f} "
             f"| {statistics.mean(tb):.3f} | {min(ta):.3f} | {min(tb):.3f} | {ratio:.2f} |"
         )
         print(lines[-1], file=sys.stderr)
-    command = "python bench/bench_causal_hift.py " + shlex.join(
-        sys.argv[1:] if argv is None else argv
-    )
-    print(
-        f"Causal HiFT (B) vs HiFT (A), one row, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} thread(s)\n\n" + "\n".join(lines) + f"\n\nCommand: `{command}`"
-    )
+    command = f"python bench/{script} " + shlex.join(sys.argv[1:] if argv is None else argv)
+    heading = title.format(torch=torch.__version__, threads=args.threads)
+    print(heading + "\n\n" + "\n".join(lines) + f"\n\nCommand: `{command}`")
     return 0
+
+
+def _measure_with_threads(name: str, windows: int, threads: int) -> tuple[list[float], list[float]]:
+    torch.set_num_threads(threads)
+    return measure(name, windows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    title = "Causal HiFT (B) vs HiFT (A), one row, torch {torch}, {threads} thread(s)"
+    return compare_main(__doc__ or "", "bench_causal_hift.py", title, _measure_with_threads, argv)
 
 
 if __name__ == "__main__":

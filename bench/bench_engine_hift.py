@@ -15,9 +15,6 @@ Prints best and mean seconds per window, the RTF (best s per 1.0 s window) and B
 
 from __future__ import annotations
 
-import argparse
-import shlex
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -27,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
 
+from bench.bench_causal_hift import compare_main  # noqa: E402
 from codeclog.vocoder.causal_hift import (  # noqa: E402
     CausalHiftConfig,
     build_causal_hift,
@@ -82,40 +79,11 @@ def measure(name: str, count: int, threads: int) -> tuple[list[float], list[floa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    title = (
+        "Engine, one row: --hift causal (B) vs noncausal (A), flow + HiFT per window, "
+        "torch {torch}, {threads} thread(s)"
     )
-    parser.add_argument("--configs", default="tiny,full", help="comma list of tiny, full")
-    parser.add_argument("--windows", type=int, default=None, help="timed windows (tiny 8, full 3)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    args = parser.parse_args(argv)
-    names = [n for n in args.configs.split(",") if n]
-    if any(n not in ("tiny", "full") for n in names) or (args.windows or 1) < 1:
-        print("--configs takes tiny and/or full; --windows must be >= 1", file=sys.stderr)
-        return 2
-    lines = [
-        "| sizes | windows | A best s | A mean s | B best s | B mean s | RTF A | RTF B | B / A |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name in names:
-        count = args.windows or (8 if name == "tiny" else 3)
-        ta, tb = measure(name, count, args.threads)
-        ratio = min(tb) / min(ta)
-        lines.append(
-            f"| {name} | {count} | {min(ta):.3f} | {statistics.mean(ta):.3f} | {min(tb):.3f} "
-            f"| {statistics.mean(tb):.3f} | {min(ta):.3f} | {min(tb):.3f} | {ratio:.2f} |"
-        )
-        print(lines[-1], file=sys.stderr)
-    command = "python bench/bench_engine_hift.py " + shlex.join(
-        sys.argv[1:] if argv is None else argv
-    )
-    print(
-        f"Engine, one row: --hift causal (B) vs noncausal (A), flow + HiFT per window, "
-        f"torch {torch.__version__}, {args.threads} thread(s)\n\n"
-        + "\n".join(lines)
-        + f"\n\nCommand: `{command}`"
-    )
-    return 0
+    return compare_main(__doc__ or "", "bench_engine_hift.py", title, measure, argv)
 
 
 if __name__ == "__main__":
