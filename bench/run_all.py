@@ -28,6 +28,7 @@ FULL: list[tuple[str, list[str]]] = [
     ("causal HiFT in the engine (issue 23)", ["bench_engine_hift.py", "--configs", "tiny"]),
     ("consumer (issue 8)", ["bench_consumer.py", "--streams", "2", "10", "100", "--seconds", "15"]),
     ("one transaction per step (issue 8)", ["bench_transaction.py"]),
+    ("listener floor (issue 22)", ["bench_listener_floor.py"]),
 ]
 QUICK_ARGS = {
     "bench_fold.py": ["--sessions", "200"],
@@ -38,6 +39,7 @@ QUICK_ARGS = {
     "bench_engine_hift.py": ["--configs", "tiny", "--windows", "3"],
     "bench_consumer.py": ["--streams", "4", "--seconds", "5"],
     "bench_transaction.py": ["--steps", "50", "--warm-s", "2"],
+    "bench_listener_floor.py": ["--streams", "4", "--seconds", "3", "--warm-s", "3"],
 }
 
 
