@@ -42,7 +42,6 @@ import argparse
 import dataclasses
 import itertools
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -50,6 +49,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.local_broker import cluster  # noqa: E402
 
 WARMUP_S = 3.0  # windows of chunks produced in the first seconds are not counted
 WARM_BROKER_S = 20.0  # a throwaway run that warms a fresh broker's JIT before the measured rows
@@ -337,55 +342,44 @@ def main() -> int:
     engines = {"tiny": engine, "instant": InstantEngine()}
     if args.skip_kafka:
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        bootstrap = args.bootstrap
-        broker = None
-        if bootstrap is None:
-            from codeclog.broker import LocalBroker
-
-            broker = LocalBroker(Path(tmp) / "broker")
-            bootstrap = broker.start().bootstrap
-        try:
-            print()
+    with cluster(args.bootstrap) as bootstrap:
+        print()
+        print(
+            "| transactions | engine | streams | windows/s needed | windows/s done "
+            "| e2e p50 / p99 ms "
+            "| decode (in-process) p50 / p99 ms | added by Kafka p50 / p99 ms "
+            "| of which produced -> polled | of which step minus decode "
+            "| committed listener p50 / p99 ms | speculative listener p50 / p99 ms "
+            "| of which audio written -> visible, committed / speculative p50 / p99 ms |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        # throwaway runs first: a fresh broker loads its coordinators, and the engine its
+        # lazily built pools, on first use; and a fresh JVM runs the broker's request paths
+        # interpreted until its JIT has seen them thousands of times (measured: instant
+        # p50 / p99 at 2 streams 27 / 45 ms on a fresh broker, 12 / 22 ms on a warm one).
+        # A production broker is long-running; none of that belongs in the measured rows.
+        kafka_path(bootstrap, engines["tiny"], 2, 4.0)
+        kafka_path(bootstrap, engines["instant"], 50, WARM_BROKER_S)
+        modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
+        rows = itertools.product(args.kafka_engines, args.streams, modes)
+        for name, streams, overlap in rows:
+            r = kafka_path(bootstrap, engines[name], streams, args.seconds, overlap)
+            mode = "overlap" if overlap else "one"
             print(
-                "| transactions | engine | streams | windows/s needed | windows/s done "
-                "| e2e p50 / p99 ms "
-                "| decode (in-process) p50 / p99 ms | added by Kafka p50 / p99 ms "
-                "| of which produced -> polled | of which step minus decode "
-                "| committed listener p50 / p99 ms | speculative listener p50 / p99 ms "
-                "| of which audio written -> visible, committed / speculative p50 / p99 ms |"
+                f"| {mode} | {name} | {streams} | {r['needed_windows_per_s']:.0f} "
+                f"| {r['windows_per_s']:.1f} "
+                f"| {r['e2e_p50_ms']:.0f} / {r['e2e_p99_ms']:.0f} "
+                f"| {r['decode_p50_ms']:.0f} / {r['decode_p99_ms']:.0f} "
+                f"| {r['added_p50_ms']:.0f} / {r['added_p99_ms']:.0f} "
+                f"| {r['arrive_p50_ms']:.0f} / {r['arrive_p99_ms']:.0f} "
+                f"| {r['txn_p50_ms']:.0f} / {r['txn_p99_ms']:.0f} "
+                f"| {r['committed_p50_ms']:.1f} / {r['committed_p99_ms']:.1f} "
+                f"| {r['speculative_p50_ms']:.1f} / {r['speculative_p99_ms']:.1f} "
+                f"| {r['committed_written_p50_ms']:.1f} / {r['committed_written_p99_ms']:.1f}"
+                f", {r['speculative_written_p50_ms']:.1f} / "
+                f"{r['speculative_written_p99_ms']:.1f} |",
+                flush=True,
             )
-            print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-            # throwaway runs first: a fresh broker loads its coordinators, and the engine its
-            # lazily built pools, on first use; and a fresh JVM runs the broker's request paths
-            # interpreted until its JIT has seen them thousands of times (measured: instant
-            # p50 / p99 at 2 streams 27 / 45 ms on a fresh broker, 12 / 22 ms on a warm one).
-            # A production broker is long-running; none of that belongs in the measured rows.
-            kafka_path(bootstrap, engines["tiny"], 2, 4.0)
-            kafka_path(bootstrap, engines["instant"], 50, WARM_BROKER_S)
-            modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
-            rows = itertools.product(args.kafka_engines, args.streams, modes)
-            for name, streams, overlap in rows:
-                r = kafka_path(bootstrap, engines[name], streams, args.seconds, overlap)
-                mode = "overlap" if overlap else "one"
-                print(
-                    f"| {mode} | {name} | {streams} | {r['needed_windows_per_s']:.0f} "
-                    f"| {r['windows_per_s']:.1f} "
-                    f"| {r['e2e_p50_ms']:.0f} / {r['e2e_p99_ms']:.0f} "
-                    f"| {r['decode_p50_ms']:.0f} / {r['decode_p99_ms']:.0f} "
-                    f"| {r['added_p50_ms']:.0f} / {r['added_p99_ms']:.0f} "
-                    f"| {r['arrive_p50_ms']:.0f} / {r['arrive_p99_ms']:.0f} "
-                    f"| {r['txn_p50_ms']:.0f} / {r['txn_p99_ms']:.0f} "
-                    f"| {r['committed_p50_ms']:.1f} / {r['committed_p99_ms']:.1f} "
-                    f"| {r['speculative_p50_ms']:.1f} / {r['speculative_p99_ms']:.1f} "
-                    f"| {r['committed_written_p50_ms']:.1f} / {r['committed_written_p99_ms']:.1f}"
-                    f", {r['speculative_written_p50_ms']:.1f} / "
-                    f"{r['speculative_written_p99_ms']:.1f} |",
-                    flush=True,
-                )
-        finally:
-            if broker is not None:
-                broker.stop()
     print(f"\ncommand: python bench/bench_consumer.py {' '.join(sys.argv[1:])}".rstrip())
     return 0
 

@@ -26,7 +26,6 @@ import argparse
 import multiprocessing
 import struct
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -34,6 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.local_broker import cluster  # noqa: E402
 
 MODES = ("plain", "cadenced", "alternating")
 CHUNKS_PER_S = 25
@@ -224,25 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--commit-ms", type=float, default=100.0, help="cadenced/alternating")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        broker = None
-        bootstrap = args.bootstrap
-        if bootstrap is None:
-            from codeclog.broker import LocalBroker
-
-            broker = LocalBroker(Path(tmp) / "broker")
-            bootstrap = broker.start().bootstrap
-        commit_s = args.commit_ms / 1000
-        try:
-            measure(bootstrap, args.streams[-1], args.modes[0], args.warm_s, commit_s)
-            lines = []
-            for n in args.streams:
-                for mode in args.modes:
-                    print(f"{n} streams, {mode} ...", file=sys.stderr, flush=True)
-                    lines.append(row(n, mode, measure(bootstrap, n, mode, args.seconds, commit_s)))
-        finally:
-            if broker is not None:
-                broker.stop()
+    commit_s = args.commit_ms / 1000
+    with cluster(args.bootstrap) as bootstrap:
+        measure(bootstrap, args.streams[-1], args.modes[0], args.warm_s, commit_s)
+        lines = []
+        for n in args.streams:
+            for mode in args.modes:
+                print(f"{n} streams, {mode} ...", file=sys.stderr, flush=True)
+                lines.append(row(n, mode, measure(bootstrap, n, mode, args.seconds, commit_s)))
     print("| streams | relay writes | windows | p50 ms | p99 ms | p99 / 15 ms target |")
     print("|---:|---|---:|---:|---:|---:|")
     print("\n".join(lines))

@@ -22,20 +22,22 @@ import platform
 import random
 import shlex
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 import confluent_kafka
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from codeclog.broker import BrokerSettings, LocalBroker
-from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
-from codeclog.producers.windowing import StepInput, initial_state, step
-from codeclog.schemas.records import CODEC_VOCAB, CodecChunk
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.local_broker import cluster  # noqa: E402
+from codeclog.producers.publisher import ChunkPublisher, PublisherConfig  # noqa: E402
+from codeclog.producers.windowing import StepInput, initial_state, step  # noqa: E402
+from codeclog.schemas.records import CODEC_VOCAB, CodecChunk  # noqa: E402
 
 LINGERS_MS = (0.0, 1.0, 5.0)
 REQUESTS = 64
@@ -125,21 +127,6 @@ def client_version() -> str:
 def check(failed: int, undelivered: int) -> None:
     if failed or undelivered:
         raise SystemExit(f"{failed} records failed ({undelivered} undelivered): not a valid run")
-
-
-@contextmanager
-def cluster(bootstrap: str | None) -> Iterator[str]:
-    if bootstrap:
-        yield bootstrap
-        return
-    with tempfile.TemporaryDirectory(prefix="codeclog-bench-") as tmp:
-        broker = LocalBroker(Path(tmp), BrokerSettings(die_with_parent=True))
-        print("starting a local broker ...", file=sys.stderr)
-        state = broker.start(lambda message: print(f"  {message}", file=sys.stderr))
-        try:
-            yield state.bootstrap
-        finally:
-            broker.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,12 +17,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.local_broker import cluster  # noqa: E402
 
 PHASES = ("begin", "produce", "send_offsets", "commit", "whole step")
 AUDIO_BYTES = 48_000  # one second of 16-bit PCM at 24 kHz
@@ -107,22 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         "--warm-s", type=float, default=20.0, help="unmeasured back-to-back steps first (seconds)"
     )
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        broker = None
-        bootstrap = args.bootstrap
-        if bootstrap is None:
-            from codeclog.broker import LocalBroker
-
-            broker = LocalBroker(Path(tmp) / "broker")
-            bootstrap = broker.start().bootstrap
-        try:
-            rows = [
-                (gap, measure(bootstrap, args.steps, gap / 1000, args.warm_s if first else 0.0))
-                for first, gap in ((True, args.gap_ms), (False, 0.0))
-            ]
-        finally:
-            if broker is not None:
-                broker.stop()
+    with cluster(args.bootstrap) as bootstrap:
+        rows = [
+            (gap, measure(bootstrap, args.steps, gap / 1000, args.warm_s if first else 0.0))
+            for first, gap in ((True, args.gap_ms), (False, 0.0))
+        ]
     print_table(rows)
     return 0
 
