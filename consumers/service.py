@@ -260,6 +260,8 @@ class VocoderService:
                 f"cannot initialise transactions on the cluster at {self.bootstrap}: "
                 f"{one_line(exc)}"
             ) from exc
+        if not self.config.overlap_transactions:
+            self._fence_overlap_id()
         self._consumer = Consumer(self._consumer_config())
         self._consumer.subscribe(
             [self.topics.chunks],
@@ -267,6 +269,31 @@ class VocoderService:
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
+
+    def _fence_overlap_id(self) -> None:
+        """Fence this member's `-overlap` id as well (init_transactions, then close): a run of
+        this member in overlap mode may have left a transaction open there (a SIGKILL), which
+        would hold its partitions' last stable offset, and so every read_committed reader, until
+        transaction.timeout.ms. Fencing aborts it now. Failing to (a grant for the member's own
+        id only) costs only that wait: a warning, and the member goes on."""
+        sibling_id = overlap_ids(self.config.transactional_id)[1]
+        sibling = Transactions(
+            self.client_config,
+            sibling_id,
+            self.config.transaction_timeout_ms,
+            self.config.kafka_timeout_s,
+            self.metrics,
+        )
+        try:
+            sibling.start(self.config.outage_timeout_s, self._stop)
+        except (KafkaException, StuckCallError) as exc:
+            log.warning(
+                "cannot fence %s (%s): a transaction an overlap-mode run left open there ends "
+                "only at its timeout",
+                sibling_id,
+                one_line(exc),
+            )
+        sibling.close()
 
     def _check_cluster(self) -> None:
         """One metadata request first: an unreachable cluster is one line, not a minute of

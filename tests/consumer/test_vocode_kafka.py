@@ -572,3 +572,45 @@ def test_overlapping_transactions_abort_together_exactly_once(stack: Any, tiny_e
     assert report.ok, report.to_dict()
     # every window committed once, by this member (the aborted steps' were not counted)
     assert report.expected_windows == service.stats["windows"]
+
+
+def _stable_lag(client: dict[str, str], topic: str, partitions: int) -> int:
+    """Records past the last stable offset (high watermark - LSO), summed over `topic`."""
+    admin = AdminClient(client)
+    specs = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
+    ends = {}
+    for level in (IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED):
+        futures = admin.list_offsets(specs, isolation_level=level, request_timeout=10)
+        ends[level] = sum(future.result(10).offset for future in futures.values())
+    return ends[IsolationLevel.READ_UNCOMMITTED] - ends[IsolationLevel.READ_COMMITTED]
+
+
+def test_a_default_member_fences_the_overlap_id_a_former_run_left_open(
+    stack: Any, tiny_engine: Any
+) -> None:
+    """A member switched back from overlap mode fences its `-overlap` id at start too: a
+    transaction a SIGKILLed overlap-mode run left open there is aborted at once, instead of
+    holding every read_committed reader of its partitions until transaction.timeout.ms."""
+    from confluent_kafka import Producer
+
+    from codeclog.consumers.kafka_calls import FENCED_CODES
+    from codeclog.consumers.overlap_transactions import overlap_ids
+    from codeclog.consumers.transaction import transactional_producer_config
+
+    config = VocodeConfig(group=stack.group, instance_id="s", exit_when_idle_s=1.0)
+    sibling_id = overlap_ids(config.transactional_id)[1]
+    left_open = Producer(transactional_producer_config(stack.client, sibling_id, 60_000))
+    left_open.init_transactions(30)
+    left_open.begin_transaction()
+    left_open.produce(stack.topics.audio, key=b"r", value=b"an overlap-mode step, never committed")
+    assert left_open.flush(10) == 0
+    partitions = stack.topics.partitions
+    assert _stable_lag(stack.client, stack.topics.audio, partitions) == 1  # held open
+    assert VocoderService(stack.client, stack.topics, config, tiny_engine).run() == 0
+    with pytest.raises(KafkaException) as fenced:
+        left_open.commit_transaction(10)
+    assert fenced.value.args[0].code() in FENCED_CODES, fenced.value
+    deadline = time.monotonic() + 10  # the abort marker is written after the fencing returns
+    while _stable_lag(stack.client, stack.topics.audio, partitions) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _stable_lag(stack.client, stack.topics.audio, partitions) == 0
