@@ -208,14 +208,9 @@ def render_server_properties(
         # into the metadata log at format time; a single voter still elects itself when the
         # controller port changes on a later start (checked by the restart test).
         "controller.quorum.bootstrap.servers": f"{HOST}:{ports.controller_port}",
-        "listeners": f"PLAINTEXT://{HOST}:{ports.broker_port},"
-        f"CONTROLLER://{HOST}:{ports.controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{ports.broker_port}",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "controller.listener.names": "CONTROLLER",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        **plaintext_listeners(ports),
         "log.dirs": str(log_dirs),
-        **_single_node_overrides(),
+        **node_settings(replication=1, min_isr=1, internal_partitions=1),
         **(secured or {}),
     }
     lines = ["# written by codeclog at every `broker start`; edits are overwritten"]
@@ -223,21 +218,37 @@ def render_server_properties(
     return "\n".join(lines) + "\n"
 
 
-def _single_node_overrides() -> dict[str, str]:
-    # Internal topics default to RF 3 / min ISR 2: with one broker, transactions fail with
-    # COORDINATOR_NOT_AVAILABLE or NOT_ENOUGH_REPLICAS and consumer groups never form.
+def plaintext_listeners(ports: BrokerPorts) -> dict[str, str]:
+    """A node's listeners without security: clients and the controller quorum on HOST
+    (codeclog.security's properties replace these on a secured node)."""
     return {
-        "offsets.topic.replication.factor": "1",
-        "offsets.topic.num.partitions": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "transaction.state.log.num.partitions": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "listeners": f"PLAINTEXT://{HOST}:{ports.broker_port},"
+        f"CONTROLLER://{HOST}:{ports.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{ports.broker_port}",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+    }
+
+
+def node_settings(replication: int, min_isr: int, internal_partitions: int) -> dict[str, str]:
+    """What a single broker and a cluster node share: the internal topics' replication (the
+    defaults, RF 3 / min ISR 2, would leave one broker without transactions or consumer
+    groups: COORDINATOR_NOT_AVAILABLE, NOT_ENOUGH_REPLICAS), topic defaults, and sizing for a
+    small machine."""
+    replicas, isr = str(replication), str(min_isr)
+    return {
+        "offsets.topic.replication.factor": replicas,
+        "offsets.topic.num.partitions": str(internal_partitions),
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": isr,
+        "transaction.state.log.num.partitions": str(internal_partitions),
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": isr,
         "share.coordinator.state.topic.num.partitions": "1",
         "num.partitions": "1",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
+        "default.replication.factor": replicas,
+        "min.insync.replicas": isr,
         "group.initial.rebalance.delay.ms": "0",
         "group.min.session.timeout.ms": "1000",
         "num.network.threads": "2",
