@@ -44,7 +44,13 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
-from codeclog.vocoder.hift import Snake, _hann_periodic, fuse_weight_norm, resblock_stacks
+from codeclog.vocoder.hift import (
+    Snake,
+    _hann_periodic,
+    filter_stages,
+    fuse_weight_norm,
+    resblock_stacks,
+)
 from codeclog.vocoder.kernels import portable_active
 
 F64 = torch.float64
@@ -312,18 +318,7 @@ class CausalHiFTGenerator(nn.Module):
             drop = math.prod(config.upsample_rates) * look
             real, imag = real[:, :, :-drop], imag[:, :, :-drop]
         s_stft = torch.cat([real, imag], dim=1)
-        stages = len(self.ups)
-        kernels = len(config.resblock_kernel_sizes)
-        for i in range(stages):
-            x = self.ups[i](F.leaky_relu(x, config.lrelu_slope))
-            if i == stages - 1:
-                x = self.reflection_pad(x)
-            x = x + self.source_resblocks[i](self.source_downs[i](s_stft))
-            xs = self.resblocks[i * kernels](x)
-            for j in range(1, kernels):
-                xs += self.resblocks[i * kernels + j](x)
-            x = xs / kernels
-        x = self.conv_post(F.leaky_relu(x))
+        x = filter_stages(self, x, s_stft, config)
         bins = n_fft // 2 + 1
         magnitude = torch.clip(torch.exp(x[:, :bins, :]), max=1e2)
         phase = torch.sin(x[:, bins:, :])

@@ -326,18 +326,7 @@ class HiFTGenerator(nn.Module):
         real, imag = self._stft(source.squeeze(1))
         s_stft = torch.cat([real, imag], dim=1)
         x = self.conv_pre(mel)
-        stages = len(self.ups)
-        kernels = len(self.config.resblock_kernel_sizes)
-        for i in range(stages):
-            x = self.ups[i](F.leaky_relu(x, self.config.lrelu_slope))
-            if i == stages - 1:
-                x = self.reflection_pad(x)
-            x = x + self.source_resblocks[i](self.source_downs[i](s_stft))
-            xs = self.resblocks[i * kernels](x)
-            for j in range(1, kernels):
-                xs += self.resblocks[i * kernels + j](x)
-            x = xs / kernels
-        x = self.conv_post(F.leaky_relu(x))
+        x = filter_stages(self, x, s_stft, self.config)
         bins = self.config.istft_n_fft // 2 + 1
         speech = self._istft(torch.exp(x[:, :bins, :]), torch.sin(x[:, bins:, :]))
         return torch.clamp(speech, -self.config.audio_limit, self.config.audio_limit)
@@ -354,6 +343,48 @@ class HiFTGenerator(nn.Module):
         if cache_source.shape[2] != 0:
             source[:, :, : cache_source.shape[2]] = cache_source
         return self.decode(mel, source), source
+
+
+class FilterStages(Protocol):
+    """The modules of the filter network both HiFT variants share (same names, same calls)."""
+
+    @property
+    def ups(self) -> nn.ModuleList: ...
+    @property
+    def reflection_pad(self) -> nn.Module: ...
+    @property
+    def source_downs(self) -> nn.ModuleList: ...
+    @property
+    def source_resblocks(self) -> nn.ModuleList: ...
+    @property
+    def resblocks(self) -> nn.ModuleList: ...
+    @property
+    def conv_post(self) -> nn.Module: ...
+
+
+class StageSettings(Protocol):
+    @property
+    def resblock_kernel_sizes(self) -> tuple[int, ...]: ...
+    @property
+    def lrelu_slope(self) -> float: ...
+
+
+def filter_stages(hift: FilterStages, x: Tensor, s_stft: Tensor, config: StageSettings) -> Tensor:
+    """From conv_pre's output through conv_post: each upsampling stage adds the excitation's
+    STFT brought to its rate and averages its resblocks. One body for the noncausal, ragged
+    and causal decodes: their bytes depend on this exact order of operations."""
+    stages = len(hift.ups)
+    kernels = len(config.resblock_kernel_sizes)
+    for i in range(stages):
+        x = hift.ups[i](F.leaky_relu(x, config.lrelu_slope))
+        if i == stages - 1:
+            x = hift.reflection_pad(x)
+        x = x + hift.source_resblocks[i](hift.source_downs[i](s_stft))
+        xs = hift.resblocks[i * kernels](x)
+        for j in range(1, kernels):
+            xs += hift.resblocks[i * kernels + j](x)
+        x = xs / kernels
+    return hift.conv_post(F.leaky_relu(x))
 
 
 def _up_layers(config: HiftConfig) -> list[nn.Module]:

@@ -27,6 +27,7 @@ from codeclog.vocoder.hift import (
     StreamStep,
     cross_fade,
     draw_source_noise,
+    filter_stages,
 )
 
 
@@ -125,18 +126,7 @@ def _decode(
     valid_stft = [stft_size - (width - f) * (stft_size // width) for f in frames]
     s_stft = s_stft * _mask(valid_stft, stft_size, s_stft)[:, None, :]
     x = hift.conv_pre(mel)
-    stages = len(hift.ups)
-    kernels = len(config.resblock_kernel_sizes)
-    for i in range(stages):
-        x = hift.ups[i](F.leaky_relu(x, config.lrelu_slope))
-        if i == stages - 1:
-            x = hift.reflection_pad(x)
-        x = x + hift.source_resblocks[i](hift.source_downs[i](s_stft))
-        xs = hift.resblocks[i * kernels](x)
-        for j in range(1, kernels):
-            xs += hift.resblocks[i * kernels + j](x)
-        x = xs / kernels
-    x = hift.conv_post(F.leaky_relu(x))
+    x = filter_stages(hift, x, s_stft, config)
     bins = config.istft_n_fft // 2 + 1
     stft_frames = x.shape[2]
     valid = [stft_frames - (width - f) * (stft_frames // width) for f in frames]
