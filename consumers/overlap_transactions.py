@@ -308,14 +308,15 @@ class OverlappingTransactions:
                     self.slots[self.order.slot(step)].handle_error(failure)
         finally:
             for index, slot in enumerate(self.slots):
-                if index != owners[0]:
-                    slot.abort_quietly()  # the other step's transaction, if still open
+                # the other step's transaction, if still open: aborted with it, and counted
+                if index != owners[0] and slot.abort_quietly():
+                    slot.metrics.transactions.labels(result="aborted").inc()
             with self._lock:
                 self.order.rewound()
 
-    def abort_quietly(self) -> None:
-        for slot in self.slots:
-            slot.abort_quietly()
+    def abort_quietly(self) -> bool:
+        aborted = [slot.abort_quietly() for slot in self.slots]
+        return any(aborted)
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -269,14 +269,16 @@ class Transactions:
             return
         self.abort_quietly()
 
-    def abort_quietly(self) -> None:
-        """Abort the open transaction; a producer that cannot abort is replaced later."""
+    def abort_quietly(self) -> bool:
+        """Abort the open transaction; a producer that cannot abort is replaced later. True
+        when a transaction was open and is now aborted."""
         producer = self.producer
         if producer is None or self.wedged or self._needs_init:
-            return  # nothing to abort on a producer without transactions yet
+            return False  # nothing to abort on a producer without transactions yet
         timeout = self.closing_timeout_s or self.kafka_timeout_s
         try:
             bounded("abort_transaction", lambda: producer.abort_transaction(timeout), timeout)
+            return True
         except StuckCallError as exc:
             log.warning("%s: the producer will be replaced", exc)
             self.wedged = True
@@ -284,9 +286,10 @@ class Transactions:
             error = kafka_error(exc)
             if error is not None and error.code() == KafkaError._STATE:
                 log.debug("abort_transaction: %s", exc)  # no transaction was open
-                return
+                return False
             log.warning("abort_transaction failed (%s): the producer will be replaced", exc)
             self.wedged = True
+        return False
 
 
 def transactional_producer_config(

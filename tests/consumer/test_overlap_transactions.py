@@ -87,6 +87,11 @@ def _step(tx: OverlappingTransactions, name: str, done: list[str]) -> None:
     tx.commit_in_background(lambda: done.append(name))
 
 
+def _aborted(tx: OverlappingTransactions) -> float:
+    """codeclog_vocoder_transactions_total{result="aborted"}."""
+    return tx.slots[0].metrics.transactions.labels(result="aborted")._value.get()  # type: ignore[no-any-return]
+
+
 def _index(event: tuple[str, str]) -> int:
     return EVENTS.index(event)
 
@@ -148,6 +153,7 @@ def test_a_failed_commit_aborts_the_next_step_too() -> None:
     assert done == []
     assert ("b", "commit called") not in EVENTS
     assert ("a", "aborted") in EVENTS and ("b", "aborted") in EVENTS
+    assert _aborted(tx) == 2  # the failed step and the one aborted with it
     assert not tx.wedged
     a.fail_commit = None
     _step(tx, "s2", done)  # after the rewind the order starts again, on the first producer
