@@ -114,6 +114,12 @@ def test_a_broker_crash_and_restart_mid_run_resumes_committing(
     broker.start()
     talker.join(240)
     assert talker.delivered_everything
+    deadline = time.monotonic() + 240
+    while member.poll() is None and time.monotonic() < deadline:
+        if _committed_everything(stack):  # done: no need to wait out its idle exit
+            member.send_signal(signal.SIGTERM)
+            break
+        time.sleep(1.0)
     code = member.wait(240)
     elapsed = time.monotonic() - killed_at
     log = stack.logs()
