@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from codeclog.topics import ensure_topics
 from codeclog.topics_config import TopicsConfig
@@ -117,6 +117,32 @@ class Stack:
         for key, value in records:
             producer.produce(self.topics.chunks, key=key, value=value)
         assert producer.flush(30) == 0
+
+    def committed_everything(self) -> bool:
+        """The group's committed offsets are at the end of every chunk partition."""
+        consumer = Consumer(
+            {**self.client, "group.id": self.group, "isolation.level": "read_committed"}
+        )
+        try:
+            parts = [TopicPartition(self.topics.chunks, p) for p in range(self.topics.partitions)]
+            for tp in consumer.committed(parts, timeout=30):
+                _, high = consumer.get_watermark_offsets(tp, timeout=30)
+                if high > 0 and tp.offset < high - 1:  # the end may be one commit marker further
+                    return False
+            return True
+        finally:
+            consumer.close()
+
+    def stop_once_committed(self, process: subprocess.Popen[bytes], timeout_s: float) -> int:
+        """SIGTERM a member once its group committed everything (rather than wait out its idle
+        exit); its exit code. One that exits first (or never gets there) is waited for."""
+        deadline = time.monotonic() + timeout_s
+        while process.poll() is None and time.monotonic() < deadline:
+            if self.committed_everything():
+                process.send_signal(signal.SIGTERM)
+                break
+            time.sleep(1.0)
+        return process.wait(timeout_s)
 
     def vocode(self, instance: str, *extra: str, idle_s: float = 4.0) -> subprocess.Popen[bytes]:
         """Start `codeclog vocode` as its own process (it can be SIGKILLed)."""

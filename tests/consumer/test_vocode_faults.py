@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from codeclog.broker import BrokerSettings, LocalBroker
 from codeclog.consumers.verify import verify
@@ -80,21 +79,6 @@ def _kill_broker(broker: LocalBroker) -> None:
         time.sleep(0.1)
 
 
-def _committed_everything(stack: Stack) -> bool:
-    consumer = Consumer(
-        {**stack.client, "group.id": stack.group, "isolation.level": "read_committed"}
-    )
-    try:
-        parts = [TopicPartition(stack.topics.chunks, p) for p in range(stack.topics.partitions)]
-        for tp in consumer.committed(parts, timeout=30):
-            _, high = consumer.get_watermark_offsets(tp, timeout=30)
-            if high > 0 and tp.offset < high - 1:  # the end may be one commit marker further
-                return False
-        return True
-    finally:
-        consumer.close()
-
-
 def test_a_broker_crash_and_restart_mid_run_resumes_committing(
     own_stack: tuple[Stack, LocalBroker], tiny_engine: object
 ) -> None:
@@ -114,13 +98,7 @@ def test_a_broker_crash_and_restart_mid_run_resumes_committing(
     broker.start()
     talker.join(240)
     assert talker.delivered_everything
-    deadline = time.monotonic() + 240
-    while member.poll() is None and time.monotonic() < deadline:
-        if _committed_everything(stack):  # done: no need to wait out its idle exit
-            member.send_signal(signal.SIGTERM)
-            break
-        time.sleep(1.0)
-    code = member.wait(240)
+    code = stack.stop_once_committed(member, 240)
     elapsed = time.monotonic() - killed_at
     log = stack.logs()
     print(f"member exit code {code}, {elapsed:.0f} s after the kill")  # shown with -rP
@@ -136,7 +114,7 @@ def test_a_broker_crash_and_restart_mid_run_resumes_committing(
     assert "Traceback" not in log, log
     # A first assignment has nothing to restore, and says so (not "up to offset -1001").
     assert "no checkpoint" in log and "offset -1001" not in log, log
-    assert _committed_everything(stack), stack.logs()
+    assert stack.committed_everything(), stack.logs()
     report = verify(stack.client, stack.topics, tiny_engine)  # type: ignore[arg-type]
     assert report.ok, (report.to_dict(), stack.logs())
     assert report.expected_windows > 20

@@ -328,7 +328,7 @@ def test_two_members_and_a_rebalance_mid_stream_keep_audio_exactly_once(
     assert first.wait(120) == 0, stack.logs()
     live.join(120)
     assert live.delivered_everything, stack.logs()
-    assert second.wait(240) == 0, stack.logs()
+    assert stack.stop_once_committed(second, 240) == 0, stack.logs()
     second_log = stack.log_of[second.pid].read_text(errors="replace")
     moved = {int(p): int(n) for p, n in REBUILT.findall(second_log)}
     assert any(moved.get(p, 0) > 0 for p in held), (
