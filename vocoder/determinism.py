@@ -6,8 +6,9 @@ global RNG. `stream_seed` is a pure function of (request id, cache epoch), stabl
 processes, machines and Python hash seeds (sha256, not `hash()`); `window_seed` derives the HiFT
 noise seed of one decode window from it.
 
-Settings: on CPU, a fixed thread count, one inter-op thread and
-`torch.use_deterministic_algorithms(True)`; on CUDA also the cuBLAS workspace, deterministic
+Settings: on CPU, a fixed thread count, one inter-op thread and deterministic algorithms
+(`torch.set_deterministic_debug_mode("error")`, the flag `torch.use_deterministic_algorithms(True)`
+sets, without importing torch._inductor); on CUDA also the cuBLAS workspace, deterministic
 cuDNN without benchmarking, and TF32 off. These are process-wide torch settings: applying them
 changes them for everything else in the process (nothing else in codeclog uses torch).
 """
@@ -71,7 +72,10 @@ def apply_determinism(device: torch.device, threads: int | None = None) -> Deter
     if device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
         _apply_cuda_flags()
-    torch.use_deterministic_algorithms(True)
+    # = torch.use_deterministic_algorithms(True) for eager ops, which is all this vocoder runs;
+    # that function also sets torch._inductor's config, and importing torch._inductor (with
+    # torch._dynamo) took 3 s of every process that builds an engine.
+    torch.set_deterministic_debug_mode("error")
     return current_settings(device)
 
 

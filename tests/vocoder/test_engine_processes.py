@@ -87,3 +87,19 @@ print(sorted(n for n in sys.modules if n.split(".")[0] in banned or n.startswith
 
 def test_vocoder_imports_neither_kafka_nor_avro_nor_records() -> None:
     assert _finish(_spawn(BOUNDARY_SCRIPT)) == "[]"
+
+
+COMPILER_SCRIPT = """
+import sys
+from codeclog.vocoder.engine import Code2WavEngine
+Code2WavEngine.tiny()
+print(sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules))
+"""
+
+
+def test_building_an_engine_imports_no_torch_compiler() -> None:
+    """Every `codeclog vocode` process builds one: torch._dynamo and torch._inductor (pulled in
+    by torch.use_deterministic_algorithms, and by nn.Embedding's init on the meta device) took
+    3 s of each start. The native engine needs neither (portable kernels, a TorchDispatchMode,
+    still import torch._dynamo)."""
+    assert _finish(_spawn(COMPILER_SCRIPT)) == "[]"

@@ -43,7 +43,10 @@ class Token2WavFlow(nn.Module):
         self.config = config
         # Every weight is allocated on the meta device, then materialised once and initialised
         # from a seeded generator: building a model never touches (or advances) the global RNG.
-        self.input_embedding = nn.Embedding(config.vocab_size, config.input_size, device=META)
+        # (`_weight` given: no init on meta. nn.Embedding's own normal_ on a meta tensor goes
+        # through torch._refs, whose first use imports torch._dynamo: 3 s of every start.)
+        table = torch.empty(config.vocab_size, config.input_size, device=META)
+        self.input_embedding = nn.Embedding(config.vocab_size, config.input_size, _weight=table)
         self.spk_embed_affine_layer = StableLinear(config.spk_embed_dim, config.mel_dim)
         self.encoder = UpsampleConformerEncoderV2(config)
         self.encoder_proj = StableLinear(config.input_size, config.mel_dim)
