@@ -362,14 +362,7 @@ class FilterStages(Protocol):
     def conv_post(self) -> nn.Module: ...
 
 
-class StageSettings(Protocol):
-    @property
-    def resblock_kernel_sizes(self) -> tuple[int, ...]: ...
-    @property
-    def lrelu_slope(self) -> float: ...
-
-
-def filter_stages(hift: FilterStages, x: Tensor, s_stft: Tensor, config: StageSettings) -> Tensor:
+def filter_stages(hift: FilterStages, x: Tensor, s_stft: Tensor, config: StageSizes) -> Tensor:
     """From conv_pre's output through conv_post: each upsampling stage adds the excitation's
     STFT brought to its rate and averages its resblocks. One body for the noncausal, ragged
     and causal decodes: their bytes depend on this exact order of operations."""
@@ -399,7 +392,7 @@ def _up_layers(config: HiftConfig) -> list[nn.Module]:
 
 
 class StageSizes(Protocol):
-    """The sizes both HiFT variants' resblock stacks are built from."""
+    """The settings both HiFT variants' filter networks are built and run with."""
 
     @property
     def base_channels(self) -> int: ...
@@ -413,6 +406,8 @@ class StageSizes(Protocol):
     def source_resblock_kernel_sizes(self) -> tuple[int, ...]: ...
     @property
     def source_resblock_dilations(self) -> tuple[tuple[int, ...], ...]: ...
+    @property
+    def lrelu_slope(self) -> float: ...
 
 
 def resblock_stacks(
