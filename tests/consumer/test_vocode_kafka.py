@@ -575,11 +575,21 @@ def test_overlapping_transactions_abort_together_exactly_once(stack: Any, tiny_e
 
 
 def _held_open(stack: Any, admin: AdminClient) -> int:
-    """Audio records past the last stable offset (in open transactions), all partitions."""
-    stable, high = _audio_ends(stack, admin)
-    return sum(high[p] - stable[p] for p in high)
+    """Audio records past the last stable offset (in open transactions), all partitions; a
+    retriable answer (NOT_LEADER_FOR_PARTITION on a fresh topic, seen in CI) is asked again."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            stable, high = _audio_ends(stack, admin)
+            return sum(high[p] - stable[p] for p in high)
+        except KafkaException as exc:
+            if not exc.args[0].retriable() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
+@pytest.mark.nightly  # 20 s; CI is within minutes of its limit. Unit-tested in CI:
+# test_service_liveness (the fencing's refusal path)
 def test_a_default_member_fences_the_overlap_id_a_former_run_left_open(
     stack: Any, tiny_engine: Any
 ) -> None:
