@@ -26,9 +26,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from codeclog.consumers.stream_limit import LimitOptions
 from codeclog.errors import CodeclogError, ConfigError
 from codeclog.paths import default_data_dir
 from codeclog.topics_config import TopicsConfig
+from codeclog.user_files import read_text
 
 ENV_BOOTSTRAP = "CODECLOG_BOOTSTRAP"
 
@@ -40,10 +42,7 @@ class NoClusterError(CodeclogError):
 def read_properties(path: str | Path) -> dict[str, str]:
     """Parse a librdkafka properties file: `key=value` lines, blank lines and # comments."""
     props: dict[str, str] = {}
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read kafka config {path}: {exc}") from exc
+    lines = read_text(path, "--kafka-config").splitlines()
     for number, line in enumerate(lines, start=1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
@@ -147,3 +146,37 @@ def check_client_properties(props: dict[str, str], source: str) -> None:
 
 def topics_config(args: argparse.Namespace) -> TopicsConfig:
     return TopicsConfig.load(getattr(args, "topics_config", None))
+
+
+def add_limit_args(parser: argparse.ArgumentParser) -> None:
+    """--max-open-streams and --state-budget-mb: `vocode` applies them, `verify` and `replay`
+    apply the same ones to reproduce its evictions (consumers.stream_limit)."""
+    parser.add_argument(
+        "--max-open-streams",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="open streams over the whole group: N // P per partition of the chunk topic (at "
+        "least 1); a stream opened beyond it evicts its partition's least recently active "
+        "stream (dead letter 'evicted'). Default %(default)s",
+    )
+    parser.add_argument(
+        "--state-budget-mb",
+        type=float,
+        default=None,
+        metavar="MB",
+        help="a member's memory for open streams' vocoder state, in MB (10^6 bytes): every "
+        "open stream is charged its state's peak size (195.9 MB full size), B // size // P "
+        "streams per partition, when fewer than --max-open-streams allows. Default: 60%% of "
+        "the device's free memory after the model loaded on CUDA, 8 GiB on the CPU; verify and "
+        "replay take the members' value to reproduce their evictions",
+    )
+
+
+def limit_options(args: argparse.Namespace) -> LimitOptions:
+    """The limit options, checked (ConfigError: exit 2)."""
+    if args.max_open_streams < 1:
+        raise ConfigError(f"--max-open-streams must be >= 1, got {args.max_open_streams}")
+    if args.state_budget_mb is not None and not args.state_budget_mb > 0:
+        raise ConfigError(f"--state-budget-mb must be > 0, got {args.state_budget_mb:g}")
+    return LimitOptions(args.max_open_streams, args.state_budget_mb)

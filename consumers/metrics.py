@@ -114,8 +114,9 @@ class VocoderMetrics:
             ),
             evictions=prom.Counter(
                 "codeclog_vocoder_evicted_streams",
-                "Open streams ended to bound memory, by cause (state_budget: the bytes budget "
-                "of open vocoder states; open_stream_cap: the fold's count cap)",
+                "Open streams evicted by the per-partition open-stream limit, by the bound "
+                "that set it (state_budget: the member's bytes budget of vocoder states; "
+                "open_stream_cap: --max-open-streams)",
                 ["cause"],
                 registry=registry,
             ),

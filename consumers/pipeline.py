@@ -42,7 +42,7 @@ from codeclog.consumers.fold.outcomes import (
     Release,
 )
 from codeclog.consumers.fold.report import ReportBuilder
-from codeclog.consumers.state_budget import StateBudget
+from codeclog.consumers.stream_limit import EVICTED_BY_CAP
 from codeclog.errors import CodeclogError
 from codeclog.schemas import wire
 from codeclog.schemas.records import (
@@ -211,6 +211,9 @@ class StepOutput:
     decode_s: float = 0.0
     batch_sizes: list[int] = dataclasses.field(default_factory=list)
     evictions: dict[str, int] = dataclasses.field(default_factory=dict)  # cause -> streams
+    # request -> offset of its newest record the fold took in this step (the checkpoints'
+    # last_offset: recovery restores the fold's least-recently-active order from it)
+    last_offsets: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -222,12 +225,8 @@ class PipelineConfig:
     record_audio: bool = False  # keep per-request window accounting for reports
     producer_id: str = ""
     dead_letter_raw_limit: int = DEAD_LETTER_RAW_LIMIT  # raw bytes a dead letter keeps whole
-    # Bytes of vocoder state the open streams may hold (consumers.state_budget); None: no bound
-    state_budget_bytes: int | None = None
-
-
-EVICTED_BY_BUDGET = "state_budget"  # StepOutput.evictions causes (and the metric's label)
-EVICTED_BY_CAP = "open_stream_cap"
+    # which bound set fold.max_open_streams (consumers.stream_limit): the evictions' cause
+    eviction_cause: str = EVICTED_BY_CAP
 
 
 class AudioPipeline:
@@ -250,8 +249,6 @@ class AudioPipeline:
         self._streams: dict[str, _Stream] = {}
         self._partition_of: dict[str, int] = {}
         self.report_builder = ReportBuilder(config.fold.policy)
-        peak = getattr(engine, "peak_state_bytes", None)
-        self.budget = StateBudget(config.state_budget_bytes, int(peak()) if callable(peak) else 0)
         self.audio: dict[str, RequestAudio] = {}
         self._emitting = True
 
@@ -301,10 +298,8 @@ class AudioPipeline:
         for rid in request_ids:
             stream = other._streams.pop(rid, None)
             if stream is not None:
-                other.budget.release(rid)
                 self._drop_stream(rid)
                 self._streams[rid] = stream
-                self.budget.add(rid)
                 self._partition_of[rid] = partition
 
     def fold_state(self, partition: int) -> FoldState:
@@ -329,14 +324,6 @@ class AudioPipeline:
 
     def open_streams(self) -> int:
         return sum(len(state.open) for state in self._folds.values())
-
-    def evict_oldest(self, out: StepOutput, keep: int) -> None:
-        """Evict the least recently opened streams until at most `keep` remain open."""
-        for state in list(self._folds.values()):
-            while self.open_streams() > keep and state.open:
-                rid = next(iter(state.open))
-                self._evict(state, rid, RejectReason.EVICTED, "open-stream cap reached", out)
-                out.evictions[EVICTED_BY_CAP] = out.evictions.get(EVICTED_BY_CAP, 0) + 1
 
     def report(self) -> dict[str, Any]:
         """The fold report so far; with audio accounting, per-request audio too."""
@@ -401,10 +388,21 @@ class AudioPipeline:
             self.report_builder.add(event, outcomes)
         self._partition_of[rid] = partition
         out.touched[rid] = partition
+        out.last_offsets[rid] = record.position.offset
         for outcome in outcomes:
+            if outcome.request_id != rid:  # C1a: the event evicted another open stream
+                self._evicted(outcome, partition, out)
             self._route(outcome, record, pending, out)
         if state.fatal is not None and out.fatal is None:
             out.fatal = state.fatal
+
+    def _evicted(self, outcome: Outcome, partition: int, out: StepOutput) -> None:
+        """The victim's closing checkpoint is written in this step's transaction (it is
+        touched), so a restart never rebuilds it; its dead letter names the evicting record."""
+        out.touched[outcome.request_id] = partition
+        if isinstance(outcome, Reject):
+            cause = self.config.eviction_cause
+            out.evictions[cause] = out.evictions.get(cause, 0) + 1
 
     @staticmethod
     def _open_epoch_of(state: FoldState, rid: str) -> int | None:
@@ -462,9 +460,6 @@ class AudioPipeline:
         out.windows += len(batch)
         if self.engine is None:
             return
-        batch = self._admit(batch, pending, out)
-        if not batch:
-            return
         streams = [self._stream_for(w.decode) for w in batch]
         items: list[tuple[Any, Sequence[int], bool]] = [
             (s.state, w.decode.codes, w.decode.final) for s, w in zip(streams, batch, strict=True)
@@ -483,54 +478,6 @@ class AudioPipeline:
                 self._vocoder_failed(window, result, pending, out)
             else:
                 self._emit(window, stream, result, out)
-
-    def _admit(
-        self, batch: list[_Window], pending: dict[str, list[_Window | Outcome]], out: StepOutput
-    ) -> list[_Window]:
-        """Make room in the state budget for the round's new streams (the rule is in
-        consumers.state_budget); returns the windows that may be decoded. A rebuild (emit
-        False) admits every stream: it only restores what was open, and the next emitting
-        step's admissions evict as needed."""
-        if not self._emitting or self.budget.limit_bytes is None:
-            return batch
-        busy = {w.decode.request_id for w in batch}
-        kept: list[_Window] = []
-        for window in batch:
-            rid = window.decode.request_id
-            stream = self._streams.get(rid)
-            if stream is not None and stream.cache_epoch == window.decode.cache_epoch:
-                kept.append(window)
-                continue
-            admission = self.budget.admit(rid, busy)
-            for victim in admission.evict:
-                self._budget_evict(victim, "evicted to admit a new stream", pending, out)
-            if admission.admitted:
-                kept.append(window)
-                self.budget.add(rid)  # charged now: the next new stream of the round sees it
-            else:
-                self._budget_evict(
-                    rid, "every open stream is decoding in this round", pending, out, window
-                )
-        return kept
-
-    def _budget_evict(
-        self,
-        rid: str,
-        why: str,
-        pending: dict[str, list[_Window | Outcome]],
-        out: StepOutput,
-        window: _Window | None = None,
-    ) -> None:
-        pending.pop(rid, None)  # the fold evicts the stream: its later windows cannot run
-        state = self.fold_state(self._partition_of.get(rid, 0))
-        budget = self.budget
-        message = (
-            f"state budget {budget.limit_bytes} bytes ({budget.stream_bytes} per stream): {why}"
-        )
-        record = window.record if window is not None else None
-        decode = window.decode if window is not None else None
-        self._evict(state, rid, RejectReason.EVICTED, message, out, record, decode)
-        out.evictions[EVICTED_BY_BUDGET] = out.evictions.get(EVICTED_BY_BUDGET, 0) + 1
 
     def _decode_isolated(
         self, items: list[tuple[Any, Sequence[int], bool]]
@@ -558,12 +505,10 @@ class AudioPipeline:
             self._drop_stream(rid)
             state = self.engine.setup(seed=stream_seed(rid, decode.cache_epoch))
             stream = self._streams[rid] = _Stream(decode.cache_epoch, state)
-            self.budget.add(rid)
         return stream
 
     def _drop_stream(self, rid: str) -> None:
         stream = self._streams.pop(rid, None)
-        self.budget.release(rid)
         if stream is not None and self.engine is not None:
             self.engine.release(stream.state)
 
@@ -572,7 +517,6 @@ class AudioPipeline:
     ) -> None:
         samples, new_state = result
         stream.state = new_state
-        self.budget.touch(window.decode.request_id)
         pcm = pcm_s16le(samples)
         decode = window.decode
         chunk = AudioChunk(

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
 
 from codeclog.consumers.fold.machine import export_request
 from codeclog.consumers.log_reader import read_partitions
-from codeclog.consumers.pipeline import AudioPipeline, InputRecord, StepOutput
+from codeclog.consumers.pipeline import AudioPipeline, StepOutput
 from codeclog.schemas import wire
 from codeclog.schemas.records import StreamCheckpoint
 
@@ -48,20 +47,16 @@ class CheckpointWriter:
         self,
         pipeline: AudioPipeline,
         out: StepOutput,
-        records: Sequence[InputRecord],
         now_ms: int,
     ) -> list[tuple[StreamCheckpoint, int]]:
-        """(checkpoint, progress partition) for every request the step touched."""
-        last_offset: dict[str, int] = {}
-        for record in records:
-            if record.key is not None:
-                last_offset[record.key.decode("utf-8", "replace")] = record.position.offset
+        """(checkpoint, progress partition) for every request the step touched: the ones it
+        folded records of, and the streams it evicted (their closing checkpoints)."""
         result = []
         for rid, partition in out.touched.items():
             if not rid:
                 continue
             checkpoint = self._checkpoint(
-                pipeline, rid, partition, last_offset.get(rid, -1), now_ms
+                pipeline, rid, partition, out.last_offsets.get(rid, -1), now_ms
             )
             result.append((checkpoint, partition))
         return result

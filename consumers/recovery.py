@@ -19,7 +19,7 @@ import time
 
 from confluent_kafka import TopicPartition
 
-from codeclog.consumers.fold.machine import import_request
+from codeclog.consumers.fold.machine import FoldState, import_request
 from codeclog.consumers.log_reader import read_partition
 from codeclog.consumers.metrics import VocoderMetrics
 from codeclog.consumers.pipeline import AudioPipeline, InputRecord, check_checkpoint_fits
@@ -39,6 +39,22 @@ class RecoverySource:
     group: str
     timeout_s: float
     rebuild_batch: int = 256
+
+
+def restore_folds(
+    fold_state: FoldState, checkpoints: dict[str, StreamCheckpoint]
+) -> dict[str, int]:
+    """Import every request's checkpointed fold state; returns where each open stream's epoch
+    began. Imported in the order of each request's newest input offset, the open streams are
+    least recently active first again, as in the member that wrote them, so the open-stream
+    cap (rule C1a) evicts what it would have evicted there."""
+    open_starts: dict[str, int] = {}
+    for rid, checkpoint in sorted(checkpoints.items(), key=lambda item: item[1].last_offset):
+        if checkpoint.fold_state_json:
+            import_request(fold_state, rid, json.loads(checkpoint.fold_state_json))
+        if checkpoint.open and checkpoint.epoch_start_offset >= 0:
+            open_starts[rid] = checkpoint.epoch_start_offset
+    return open_starts
 
 
 class Recovery:
@@ -87,13 +103,7 @@ class Recovery:
     ) -> dict[str, int]:
         """One partition with a committed offset: restore its requests' fold states, rebuild
         the vocoder states of its open streams."""
-        fold_state = pipeline.fold_state(tp.partition)
-        open_starts: dict[str, int] = {}
-        for rid, checkpoint in checkpoints.items():
-            if checkpoint.fold_state_json:
-                import_request(fold_state, rid, json.loads(checkpoint.fold_state_json))
-            if checkpoint.open and checkpoint.epoch_start_offset >= 0:
-                open_starts[rid] = checkpoint.epoch_start_offset
+        open_starts = restore_folds(pipeline.fold_state(tp.partition), checkpoints)
         if open_starts and tp.offset >= 0:
             self._rebuild(pipeline, tp, open_starts, checkpoints)
         log.info(
@@ -117,8 +127,11 @@ class Recovery:
         variant raises EngineMismatchError before anything is decoded."""
         for rid in open_starts:
             check_checkpoint_fits(rid, checkpoints[rid].determinism_domain, pipeline.domain)
+        # No cap while rebuilding: it restores only streams that were open together (C1a held)
+        uncapped = dataclasses.replace(pipeline.config.fold, max_open_streams=None)
         scratch = AudioPipeline(
-            dataclasses.replace(pipeline.config, per_partition=True), pipeline.engine
+            dataclasses.replace(pipeline.config, fold=uncapped, per_partition=True),
+            pipeline.engine,
         )
         wanted = {rid.encode(): start for rid, start in open_starts.items()}
         batch: list[InputRecord] = []

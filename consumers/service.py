@@ -60,8 +60,9 @@ from codeclog.consumers.pipeline import (
 )
 from codeclog.consumers.progress import CheckpointWriter, progress_key
 from codeclog.consumers.recovery import Recovery, RecoverySource
+from codeclog.consumers.stream_limit import LimitOptions, StreamLimit
 from codeclog.consumers.transaction import TransactionError, Transactions
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, UsageError
 from codeclog.kafka_access import KafkaAccessError, refusal
 from codeclog.schemas import wire
 from codeclog.schemas.records import SAMPLE_RATE_HZ
@@ -88,9 +89,10 @@ class VocodeConfig:
     max_records: int = 64  # records per step (and so windows per decode step)
     max_batch: int = 64  # windows per decode_batch call
     poll_timeout_s: float = 0.05
-    max_open_streams: int = 1024  # cap; the least recently opened stream is evicted beyond it
-    # bytes of vocoder state open streams may hold (consumers.state_budget); None: unbounded
-    state_budget_bytes: int | None = None
+    # Open streams: at most limits.max_open_streams over the group, and a member's vocoder
+    # states within its state budget, both as a count per input partition
+    # (consumers.stream_limit); beyond it the least recently active stream is evicted.
+    limits: LimitOptions = dataclasses.field(default_factory=LimitOptions)
     transaction_timeout_ms: int = 60_000
     max_poll_interval_ms: int = 300_000
     exit_when_idle_s: float | None = None  # tests and the demo: stop after this long idle
@@ -133,6 +135,7 @@ class VocoderService:
         self.metrics = metrics or VocoderMetrics.create(None)
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self._dead_letter_limit = DEAD_LETTER_RAW_LIMIT
+        self.limit = self._stream_limit(topics.partitions)
         self.pipeline = self._new_pipeline()
         kind = OverlappingTransactions if config.overlap_transactions else Transactions
         self.transactions: Transactions | OverlappingTransactions = kind(
@@ -208,7 +211,8 @@ class VocoderService:
             print(f"codeclog vocode: {one_line(exc)}", file=sys.stderr)
             self._end_on_failure()
             return EXIT_INFRASTRUCTURE
-        except EngineMismatchError as exc:  # a member of the wrong HiFT variant: configuration
+        except (EngineMismatchError, UsageError) as exc:  # the wrong HiFT variant, a budget
+            # too small for the topic's partitions: configuration
             print(f"codeclog vocode: {one_line(exc)}", file=sys.stderr)
             self._end_on_failure()
             return EXIT_USAGE
@@ -310,8 +314,13 @@ class VocoderService:
                 f"no answer from the cluster at {self.bootstrap} within {timeout:g} s "
                 f"({one_line(exc)})"
             ) from exc
-        if self.topics.chunks not in metadata.topics:
+        chunks = metadata.topics.get(self.topics.chunks)
+        if chunks is None:
             log.warning("topic %s does not exist (yet) at %s", self.topics.chunks, self.bootstrap)
+        elif chunks.partitions and len(chunks.partitions) != self.limit.partitions:
+            self.limit = self._stream_limit(len(chunks.partitions))
+            self.pipeline = self._new_pipeline()
+        log.info("open streams: %s", self.limit.describe())
         self._fit_dead_letters(admin)
 
     def _fit_dead_letters(self, admin: Any) -> None:
@@ -368,14 +377,18 @@ class VocoderService:
         )
         return config
 
+    def _stream_limit(self, partitions: int) -> StreamLimit:
+        return self.config.limits.resolve(partitions, self.engine)
+
     def _new_pipeline(self) -> AudioPipeline:
+        fold = FoldConfig(policy=self.config.policy, max_open_streams=self.limit.per_partition)
         pipeline_config = PipelineConfig(
-            fold=FoldConfig(policy=self.config.policy),
+            fold=fold,
             per_partition=True,
             max_batch=self.config.max_batch,
             producer_id=self.config.transactional_id,
             dead_letter_raw_limit=self._dead_letter_limit,
-            state_budget_bytes=self.config.state_budget_bytes,
+            eviction_cause=self.limit.cause,
         )
         return AudioPipeline(pipeline_config, self.engine, self._clock_ms)
 
@@ -517,7 +530,6 @@ class VocoderService:
                 return StepOutput()
             self._rewind()
             return StepOutput()
-        self.pipeline.evict_oldest(out, self.config.max_open_streams)
         tx = self.transactions
         tx.await_turn()  # raises if it failed: this step's results are then discarded
         self.checkpoints.note_epoch_starts(out)
@@ -527,9 +539,7 @@ class VocoderService:
         for letter in out.dead_letters:
             tx.produce(self.topics.dlq, letter.request_id or "", wire.encode(letter))
         now_ms = self._clock_ms()
-        for checkpoint, partition in self.checkpoints.checkpoints(
-            self.pipeline, out, records, now_ms
-        ):
+        for checkpoint, partition in self.checkpoints.checkpoints(self.pipeline, out, now_ms):
             key = progress_key(self.config.group, checkpoint.request_id)
             tx.produce(self.topics.progress, key, wire.encode(checkpoint), partition)
         tx.send_offsets(positions, self._consumer.consumer_group_metadata())

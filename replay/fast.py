@@ -87,12 +87,27 @@ def _replay_range(
     with collector_paused():
         starts, ends, present = table.value_spans()
         spans = (starts[lo:hi], ends[lo:hi], present[lo:hi])
-        if config.policy is Policy.TOLERANT:
+        if config.policy is Policy.TOLERANT and not _cap_can_bind(table, config, lo, hi):
             return _replay_lanes(table, spans, config, step_records, progress, lo)
         events = decode_spans(table.data, table.buffer, *spans)
         rows = np.arange(lo, hi, dtype=np.int64)
         report, dead, _ = _fold_rows(table, events, rows, config, step_records, progress)
         return report, dead
+
+
+def _cap_can_bind(table: CaptureTable, config: FoldConfig, lo: int, hi: int) -> bool:
+    """Whether the open-stream cap (rule C1a) could evict in rows [lo, hi): a partition with
+    more record keys than the cap (every folded event's request id is its key). The plain lane
+    does not apply the cap, so then the fold replays every row."""
+    cap = config.max_open_streams
+    if cap is None:
+        return False
+    keys: dict[int, set[bytes | None]] = {}
+    for partition, key in zip(
+        table.partitions[lo:hi].tolist(), table.keys(slice(lo, hi)), strict=True
+    ):
+        keys.setdefault(partition, set()).add(key)
+    return any(len(found) > cap for found in keys.values())
 
 
 def _replay_lanes(

@@ -21,6 +21,7 @@ from codeclog.consumers.pipeline import (
     Position,
     StepOutput,
 )
+from codeclog.consumers.stream_limit import EVICTED_BY_CAP, LimitOptions, StreamLimit
 from codeclog.errors import CodeclogError
 from codeclog.replay.columns import CaptureTable
 from codeclog.replay.errors import ReplayError
@@ -43,6 +44,8 @@ class ReplayOptions:
     kernels: str = "portable"  # vocoder kernels: portable (same bytes on any CPU) or native
     hift: str = "noncausal"  # the HiFT variant: noncausal (scheme A) or causal (scheme B)
     dtype: str = "float32"  # the flow's dtype (float32 or bfloat16 on the CPU)
+    # the members' open-stream options: a tolerant replay evicts as they did (rule C1a)
+    limits: LimitOptions = dataclasses.field(default_factory=LimitOptions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +81,8 @@ def replay(
     if source.table is not None and options.vocoder == VOCODER_NONE:
         return _replay_state_only(source, source.table, options, progress)
     engine = load_engine(options.vocoder, options.kernels, options.hift, options.dtype)
-    pipeline = AudioPipeline(pipeline_config(options), engine, _no_clock)
+    limit = stream_limit_of(source, options, engine)
+    pipeline = AudioPipeline(pipeline_config(options, limit), engine, _no_clock)
     items: Sequence[Any] = source.records if source.kind is InputKind.CAPTURE else source.events
     step = _record_step(pipeline) if source.kind is InputKind.CAPTURE else pipeline.step_events
     dead_letters: Counter[str] = Counter()
@@ -91,7 +95,7 @@ def replay(
             progress.update(done, len(items), done)
     if progress is not None:
         progress.close()
-    report = _finish_report(pipeline.report(), source, options, dead_letters)
+    report = _finish_report(pipeline.report(), source, options, dead_letters, limit)
     if engine is not None:
         report["determinism_domain"] = pipeline.domain  # what decided the audio bytes
     return ReplayResult(report, _pcm_by_request(pipeline))
@@ -106,25 +110,41 @@ def _replay_state_only(
         if progress is not None:
             progress.update(done, total, done)
 
-    config = pipeline_config(options).fold
+    limit = stream_limit_of(source, options, None)
+    config = pipeline_config(options, limit).fold
     report, dead_letters = replay_table(
         table, config, options.step_records, update, options.workers
     )
     if progress is not None:
         progress.close()
-    return ReplayResult(_finish_report(report, source, options, dead_letters), {})
+    return ReplayResult(_finish_report(report, source, options, dead_letters, limit), {})
 
 
-def pipeline_config(options: ReplayOptions) -> PipelineConfig:
+def stream_limit_of(
+    source: ReplayInput, options: ReplayOptions, engine: object | None
+) -> StreamLimit | None:
+    """The members' open-stream limit over the input's partitions (a capture's topic had
+    `partition_count`; a scenario is one partition). None under strict: the upstream stage it
+    mirrors has no cap."""
+    if options.policy is not Policy.TOLERANT:
+        return None
+    partitions = source.metadata.partition_count if source.metadata is not None else 1
+    return options.limits.resolve(max(1, partitions), engine)
+
+
+def pipeline_config(options: ReplayOptions, limit: StreamLimit | None = None) -> PipelineConfig:
     """Strict runs ONE fold state, as the upstream stage is one process: its first rejection
-    stops every partition. Tolerant runs one per partition, exactly like the live consumer."""
+    stops every partition. Tolerant runs one per partition, exactly like the live consumer,
+    and evicts beyond `limit` as it does."""
     vocoding = options.vocoder != VOCODER_NONE
+    cap = None if limit is None else limit.per_partition
     return PipelineConfig(
-        fold=FoldConfig(policy=options.policy),
+        fold=FoldConfig(policy=options.policy, max_open_streams=cap),
         per_partition=options.policy is Policy.TOLERANT,
         keep_pcm=options.keep_pcm and vocoding,
         record_audio=vocoding,
         producer_id="replay",
+        eviction_cause=EVICTED_BY_CAP if limit is None else limit.cause,
     )
 
 
@@ -178,9 +198,11 @@ def _finish_report(
     source: ReplayInput,
     options: ReplayOptions,
     dead_letters: Counter[str],
+    limit: StreamLimit | None,
 ) -> dict[str, Any]:
     """The pipeline's report plus where it came from (only facts taken from the input)."""
     out = dict(report)
+    out["stream_limit"] = "none (strict)" if limit is None else limit.describe()
     out["input"] = source.describe()
     out["vocoder"] = options.vocoder
     out["dead_letters"] = {

@@ -48,6 +48,8 @@ def _header_lines(report: Mapping[str, Any]) -> list[str]:
         f"policy {report.get('policy')}, vocoder {report.get('vocoder', 'none')}, "
         f"{report.get('events', 0)} events processed, {report.get('unprocessed', 0)} unprocessed"
     )
+    if report.get("stream_limit"):
+        lines.append(f"open streams: {report['stream_limit']}")
     if report.get("determinism_domain"):
         lines.append(f"audio determinism domain {report['determinism_domain']}")
     return lines

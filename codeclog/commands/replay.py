@@ -8,7 +8,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from codeclog.config import ConfigError, add_kafka_args, kafka_client_config
+from codeclog.config import (
+    ConfigError,
+    add_kafka_args,
+    add_limit_args,
+    kafka_client_config,
+    limit_options,
+)
 from codeclog.errors import EXIT_USAGE, CodeclogError
 from codeclog.kafka_access import KafkaAccessError
 
@@ -100,6 +106,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--wav-dir", type=Path, metavar="D", help="write one 24 kHz mono WAV per request into D"
     )
+    add_limit_args(parser)
     publish = parser.add_argument_group("republish")
     publish.add_argument("--to-topic", metavar="T", help="republish INPUT into topic T instead")
     publish.add_argument(
@@ -160,6 +167,7 @@ def _replay(args: argparse.Namespace) -> int:
         kernels=args.kernels,
         hift=args.hift,
         dtype=args.dtype,
+        limits=limit_options(args),
     )
     progress = StderrProgress(time.monotonic, "replay", "records")
     result = replay(source, options, progress)

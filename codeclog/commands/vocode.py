@@ -7,9 +7,14 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
 
-from codeclog.config import add_kafka_args, kafka_client_config, topics_config
+from codeclog.config import (
+    add_kafka_args,
+    add_limit_args,
+    kafka_client_config,
+    limit_options,
+    topics_config,
+)
 from codeclog.consumers.fold.machine import Policy
 from codeclog.errors import EXIT_USAGE, CodeclogError, exit_code
 
@@ -107,17 +112,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "upstream's rules: the first rejection stops the stage)",
     )
     parser.add_argument("--max-records", type=int, default=64, help="records per step")
-    parser.add_argument("--max-open-streams", type=int, default=1024, help="open-stream cap")
-    parser.add_argument(
-        "--state-budget-mb",
-        type=float,
-        default=None,
-        metavar="MB",
-        help="memory for open streams' vocoder state, in MB (10^6 bytes); every open stream "
-        "is charged its state's peak size (195.9 MB full size) and a new stream that does "
-        "not fit evicts the least recently used idle one (dead letter 'evicted'). Default: "
-        "60%% of the device's free memory after the model loaded on CUDA, 8 GiB on the CPU",
-    )
+    add_limit_args(parser)
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus port")
     parser.add_argument(
         "--exit-when-idle",
@@ -164,10 +159,8 @@ def _refused(args: argparse.Namespace) -> str | None:
         return "--group must not be empty"
     if not args.instance_id.strip():
         return "--instance-id must not be empty"
-    if args.max_records < 1 or args.max_open_streams < 1:
-        return "--max-records and --max-open-streams must be >= 1"
-    if args.state_budget_mb is not None and not args.state_budget_mb > 0:
-        return "--state-budget-mb must be > 0"
+    if args.max_records < 1:
+        return "--max-records must be >= 1"
     if args.hift == "causal" and args.batching == "ragged":
         return "--hift causal batches exact only (ragged batching is scheme A's): drop --batching"
     if args.dtype == "float16" and not args.device.startswith("cuda"):
@@ -179,22 +172,6 @@ def _refused(args: argparse.Namespace) -> str | None:
     if not args.outage_timeout > 0 or not args.stop_timeout > 0:
         return "--outage-timeout and --stop-timeout must be > 0"
     return None
-
-
-def _state_budget_bytes(args: argparse.Namespace, engine: Any) -> int:
-    """--state-budget-mb, or the engine's default; logged with what it holds."""
-    if args.state_budget_mb is not None:
-        budget = int(args.state_budget_mb * 1_000_000)
-    else:
-        budget = int(engine.default_state_budget_bytes())
-    per_stream = int(engine.peak_state_bytes())
-    logging.getLogger("codeclog.vocode").debug(
-        "state budget %.1f MB: %d open streams of %.1f MB",
-        budget / 1e6,
-        budget // max(1, per_stream),
-        per_stream / 1e6,
-    )
-    return budget
 
 
 def run(args: argparse.Namespace) -> int:
@@ -220,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         client_config = kafka_client_config(args)
         topics = topics_config(args)
+        limits = limit_options(args)
     except CodeclogError as exc:
         print(f"codeclog vocode: {exc}", file=sys.stderr)
         return exit_code(exc)
@@ -259,8 +237,7 @@ def run(args: argparse.Namespace) -> int:
         policy=Policy(args.policy),
         max_records=args.max_records,
         max_batch=args.max_records,
-        max_open_streams=args.max_open_streams,
-        state_budget_bytes=_state_budget_bytes(args, engine),
+        limits=limits,
         exit_when_idle_s=args.exit_when_idle,
         outage_timeout_s=args.outage_timeout,
         stop_timeout_s=args.stop_timeout,

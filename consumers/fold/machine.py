@@ -88,6 +88,9 @@ class FoldConfig:
     tombstone_requests: int = 100_000  # LRU size of requests without an open stream
     digest_ring: int = 256  # digests kept per epoch (the newest applied chunks)
     released_epochs_kept: int = 2  # tombstones kept per request (its newest released epochs)
+    # C1a: at most this many open streams in one fold state (None: no cap); opening one more
+    # evicts the least recently active. The consumer sets it per input partition.
+    max_open_streams: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, Policy):
@@ -96,6 +99,8 @@ class FoldConfig:
         _require_int("tombstone_requests", self.tombstone_requests, 1)
         _require_int("digest_ring", self.digest_ring, 1)
         _require_int("released_epochs_kept", self.released_epochs_kept, 1)
+        if self.max_open_streams is not None:
+            _require_int("max_open_streams", self.max_open_streams, 1)
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:
@@ -161,6 +166,7 @@ class FoldState:
     strict: bool  # copies of config values read on every event (one attribute load, not two)
     lookahead_frames: int
     digest_ring: int
+    max_open: int | None  # C1a's cap; with it, `open` is kept least recently active first
     open: dict[str, _Request] = dataclasses.field(default_factory=dict)
     closed: collections.OrderedDict[str, _Request] = dataclasses.field(
         default_factory=collections.OrderedDict
@@ -174,7 +180,9 @@ class FoldState:
 def new_state(config: FoldConfig | None = None) -> FoldState:
     config = config or FoldConfig()
     strict = config.policy is Policy.STRICT
-    return FoldState(config, strict, config.lookahead_frames, config.digest_ring)
+    return FoldState(
+        config, strict, config.lookahead_frames, config.digest_ring, config.max_open_streams
+    )
 
 
 def fold(state: FoldState, event: Event) -> tuple[FoldState, list[Outcome]]:
@@ -183,25 +191,53 @@ def fold(state: FoldState, event: Event) -> tuple[FoldState, list[Outcome]]:
         state.unprocessed += 1
         return state, []
     state.events += 1
+    if state.max_open is None:
+        return state, _dispatch(state, event)
+    opened = len(state.open)
+    _mark_active(state, event.request_id)
+    outcomes = _dispatch(state, event)
+    if len(state.open) > opened:  # C1a: a stream opened; evict beyond the cap
+        _evict_least_active(state, event.request_id, outcomes)
+    return state, outcomes
+
+
+def _dispatch(state: FoldState, event: Event) -> list[Outcome]:
     if type(event) is CodecChunk:
         if state.strict:
-            return state, _strict_chunk(state, event)
-        return state, _tolerant_chunk(state, event)
+            return _strict_chunk(state, event)
+        return _tolerant_chunk(state, event)
     if type(event) is ControlEvent:
-        return state, _control(state, event)
+        return _control(state, event)
     raise TypeError(f"fold takes CodecChunk or ControlEvent, got {type(event).__name__}")
 
 
+def _mark_active(state: FoldState, request_id: str) -> None:
+    """C1a: an event of a request with an open stream makes it the most recently active."""
+    req = state.open.pop(request_id, None)
+    if req is not None:
+        state.open[request_id] = req
+
+
+def _evict_least_active(state: FoldState, opener: str, outcomes: list[Outcome]) -> None:
+    """C1a: while more than `max_open` streams are open, evict the least recently active one
+    (the first of `open`; never the stream the event just opened, which is the last)."""
+    assert state.max_open is not None
+    while len(state.open) > state.max_open and state.fatal is None:
+        victim = next(iter(state.open))
+        why = details_of(evicted_by=opener, max_open_streams=state.max_open)
+        outcomes.extend(evict(state, victim, why))
+
+
 def open_requests(state: FoldState) -> list[str]:
-    """Request ids with an open stream, in the order their record was created or reopened."""
+    """Request ids with an open stream: with a cap (C1a), least recently active first; without,
+    in the order their record was created or reopened."""
     return list(state.open)
 
 
-def evict(state: FoldState, request_id: str) -> list[Outcome]:
-    """Drop a request's open stream on purpose (the consumer's memory cap): reject + release.
-
-    Never fatal, under either policy. A request without an open stream yields no outcome. Late
-    chunks of the evicted epoch are then rejected `evicted` (tolerant, rule T3a).
+def evict(state: FoldState, request_id: str, details: Details = ()) -> list[Outcome]:
+    """Drop a request's open stream on purpose (the cap C1a, or a vocoder failure): reject +
+    release. Never fatal, under either policy. A request without an open stream yields no
+    outcome. Late chunks of the evicted epoch are then rejected `evicted` (tolerant, rule T3a).
     """
     req = state.open.get(request_id)
     if req is None:
@@ -211,7 +247,7 @@ def evict(state: FoldState, request_id: str) -> list[Outcome]:
         RejectReason.EVICTED,
         req.epoch,
         req.last_seq,
-        details_of(held_frames=len(req.held_codes)),
+        tuple(sorted(details_of(held_frames=len(req.held_codes)) + details)),
     )
     return [reject, _end(state, req, request_id, RejectReason.EVICTED)]
 
