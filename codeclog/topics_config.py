@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from codeclog.errors import ConfigError
+from codeclog.user_files import read_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +52,11 @@ class TopicsConfig:
     def load(cls, path: str | Path | None) -> TopicsConfig:
         if path is None:
             return cls()
+        text = read_text(path, "--topics-config")
         try:
-            raw = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read topics config {path}: {exc}") from exc
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"--topics-config {path} is not JSON: {exc}") from exc
         if not isinstance(raw, dict):
             raise ConfigError(f"topics config {path} must be a JSON object")
         return cls.from_dict(raw)

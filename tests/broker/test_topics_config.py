@@ -29,6 +29,7 @@ from codeclog.topics import (
     topic_specs,
 )
 from codeclog.topics_config import TopicsConfig
+from codeclog.user_files import UserFileError
 
 
 def _unique_topics(unique_name: Callable[[str], str], **extra: Any) -> TopicsConfig:
@@ -193,7 +194,7 @@ def test_topics_config_accepts_known_keys() -> None:
 @pytest.mark.parametrize(
     ("case", "content", "message"),
     [
-        ("not json", "{", "cannot read topics config"),
+        ("not json", "{", "is not JSON"),
         ("a list", "[1]", "must be a JSON object"),
         ("unknown key", '{"x": 1}', "unknown topic config keys: x"),
     ],
@@ -207,7 +208,7 @@ def test_topics_config_load_refuses(tmp_path: Path, case: str, content: str, mes
 
 def test_topics_config_load_defaults_and_missing_file(tmp_path: Path) -> None:
     assert TopicsConfig.load(None) == TopicsConfig()
-    with pytest.raises(ConfigError, match="cannot read topics config"):
+    with pytest.raises(UserFileError, match="cannot read --topics-config .*: no such file"):
         TopicsConfig.load(tmp_path / "absent.json")
 
 
@@ -246,7 +247,7 @@ def test_read_properties_refuses(tmp_path: Path, case: str, content: str, messag
 
 
 def test_read_properties_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read kafka config"):
+    with pytest.raises(UserFileError, match="cannot read --kafka-config .*: no such file"):
         read_properties(tmp_path / "absent.properties")
 
 
