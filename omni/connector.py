@@ -29,19 +29,14 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from codeclog.omni.payload import (
-    Decoded,
-    PayloadError,
-    decode_payload,
-    encode_payload,
-    parse_put_key,
-)
+from codeclog.omni.index import Entry, HandOutIndex, IndexKey
+from codeclog.omni.payload import Decoded, PayloadError, decode_payload, encode_payload
 from codeclog.producers.publisher import PublisherConfig, producer_settings
 from codeclog.schemas import wire
 
@@ -51,8 +46,6 @@ DEFAULT_TOPIC = "codec.chunks"
 POLL_S = 0.1
 COMMIT_EVERY_S = 1.0
 LAG_EVERY_S = 2.0
-
-IndexKey = tuple[str, str, str]  # (put key, from stage, to stage)
 
 
 class CodeclogKafkaConnector:
@@ -82,10 +75,7 @@ class CodeclogKafkaConnector:
         self._consumer_thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
-        self._index: OrderedDict[IndexKey, tuple[Any, int, int, int]] = OrderedDict()
-        self._handed: dict[str, set[IndexKey]] = defaultdict(set)  # per request id
-        self._pending: dict[int, set[int]] = defaultdict(set)  # partition -> offsets in index
-        self._high: dict[int, int] = {}  # partition -> next offset to read
+        self._index = HandOutIndex(self.index_max_entries)  # omni.index: each key once
         self._counts: dict[str, int] = defaultdict(int)
         self._in_flight = 0
         self._lag: int | None = None
@@ -230,22 +220,13 @@ class CodeclogKafkaConnector:
         return None
 
     def _take(self, key: IndexKey) -> tuple[Any, int] | None:
-        entry = self._index.pop(key, None)
-        if entry is None:
-            return None
-        payload, size, partition, offset = entry
-        self._pending[partition].discard(offset)
-        self._handed[parse_put_key(key[0])[0]].add(key)
-        self._counts["gets"] += 1
-        return payload, size
+        entry = self._index.take(key)
+        return None if entry is None else (entry.payload, entry.size)
 
     def cleanup(self, request_id: str) -> bool:
         request_id = str(request_id)
         with self._lock:
-            for key in [k for k in self._index if parse_put_key(k[0])[0] == request_id]:
-                _payload, _size, partition, offset = self._index.pop(key)
-                self._pending[partition].discard(offset)
-            self._handed.pop(request_id, None)
+            self._index.forget(request_id)
             self._counts["cleanups"] += 1
         return True
 
@@ -302,7 +283,7 @@ class CodeclogKafkaConnector:
             self._failed("decode", f"{self.topic}[{partition}]@{offset}", str(exc))
             decoded = None
         with self._lock:
-            self._high[partition] = offset + 1
+            self._index.read(partition, offset)
             if decoded is None:
                 self._counts["skipped_records"] += 1
                 return
@@ -312,23 +293,14 @@ class CodeclogKafkaConnector:
     def _add(self, decoded: Decoded, partition: int, offset: int, size: int) -> None:
         envelope = decoded.envelope
         key = (envelope.put_key, envelope.from_stage, envelope.to_stage)
-        if key in self._index or key in self._handed.get(envelope.request_id, ()):
-            self._counts["redelivered"] += 1  # already indexed or handed out: once only
-            return
-        self._index[key] = (decoded.payload, size, partition, offset)
-        self._pending[partition].add(offset)
-        self._counts["indexed"] += 1
-        while len(self._index) > self.index_max_entries:
-            _key, (_p, _s, old_partition, old_offset) = self._index.popitem(last=False)
-            self._pending[old_partition].discard(old_offset)
-            self._counts["evicted"] += 1
+        self._index.add(key, Entry(decoded.payload, size, partition, offset))  # once only
 
     def _commit(self, consumer: Any) -> None:
         # Commit below the oldest entry not handed out yet: a restarted receiver re-reads it.
         with self._lock:
             offsets = [
-                TopicPartition(self.topic, p, min(self._pending[p], default=high))
-                for p, high in self._high.items()
+                TopicPartition(self.topic, p, offset)
+                for p, offset in self._index.commit_offsets().items()
             ]
         if offsets:
             try:
@@ -342,7 +314,7 @@ class CodeclogKafkaConnector:
         try:
             for tp in consumer.assignment():
                 _low, high = consumer.get_watermark_offsets(tp, cached=True)
-                position = self._high.get(tp.partition, 0)
+                position = self._index.read_position(tp.partition)
                 if high >= 0:
                     lag += max(0, high - position)
         except Exception:
@@ -368,6 +340,7 @@ class CodeclogKafkaConnector:
                 "failures": failures,
                 "last_error": self.last_error,
                 **dict(self._counts),
+                **dict(self._index.counts),
             }
 
     def close(self) -> None:

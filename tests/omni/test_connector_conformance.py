@@ -85,6 +85,21 @@ def test_put_then_get_returns_an_equal_payload_once(
     assert sender.health()["puts"] == 2
 
 
+def test_a_copy_put_after_the_first_get_is_dropped_and_counted(
+    pair: tuple[CodeclogKafkaConnector, CodeclogKafkaConnector],
+) -> None:
+    sender, receiver = pair
+    assert sender.put("1", "2", "dup_1_0", {"v": "first"})[0]
+    assert _wait(receiver, "dup_1_0")[0] == {"v": "first"}  # type: ignore[index]
+    assert sender.put("1", "2", "dup_1_0", {"v": "copy"})[0]  # a retry that landed twice
+    assert sender.put("1", "2", "dup_1_1", {"v": "next"})[0]  # same request: same partition
+    assert _wait(receiver, "dup_1_1")[0] == {"v": "next"}  # type: ignore[index]
+    # the copy sits before dup_1_1 in its partition, so it was read by now
+    assert receiver.get("1", "2", "dup_1_0") is None
+    health = receiver.health()
+    assert health.get("redelivered") == 1 and health["index_entries"] == 0, health
+
+
 def test_get_before_put_is_none_and_keys_never_collide(
     pair: tuple[CodeclogKafkaConnector, CodeclogKafkaConnector],
 ) -> None:

@@ -1,0 +1,77 @@
+"""The connector receiver's index (omni.index), without Kafka: each key is handed out once."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codeclog.omni.index import Entry, HandOutIndex, IndexKey, request_of
+
+KEY: IndexKey = ("req_a_1_0", "1", "2")
+
+
+def _entry(offset: int, payload: object = "p") -> Entry:
+    return Entry(payload, 10, 0, offset)
+
+
+def test_a_copy_that_arrives_after_the_key_was_handed_out_is_dropped_and_counted() -> None:
+    index = HandOutIndex(100)
+    assert index.add(KEY, _entry(0, "first"))
+    taken = index.take(KEY)
+    assert taken is not None and taken.payload == "first"
+    index.read(0, 0)
+    assert not index.add(KEY, _entry(1, "copy"))  # a producer retry that landed twice
+    index.read(0, 1)
+    assert index.take(KEY) is None
+    assert len(index) == 0 and index.counts["redelivered"] == 1 and index.counts["gets"] == 1
+    assert index.commit_offsets() == {0: 2}  # nothing waits: the copy is not re-read
+
+
+def test_a_copy_that_arrives_while_the_key_waits_is_dropped() -> None:
+    index = HandOutIndex(100)
+    assert index.add(KEY, _entry(0, "first"))
+    assert not index.add(KEY, _entry(1, "copy"))
+    taken = index.take(KEY)
+    assert taken is not None and taken.payload == "first"
+    assert index.counts["redelivered"] == 1
+
+
+def test_forget_ends_a_request_and_only_that_request() -> None:
+    index = HandOutIndex(100)
+    other: IndexKey = ("req_b_1_0", "1", "2")
+    for key in (KEY, other):
+        assert index.add(key, _entry(0))
+        assert index.take(key) is not None
+    index.forget("req_a")
+    assert index.add(KEY, _entry(5))  # a new request under the same id after cleanup
+    assert not index.add(other, _entry(6))
+
+
+# A sequence of operations on a few keys: ("add", key number), ("take", key), ("forget", request)
+OPS = st.lists(
+    st.tuples(st.sampled_from(["add", "take", "forget"]), st.integers(0, 3)), max_size=60
+)
+
+
+def _key(number: int) -> IndexKey:
+    return (f"r{number % 2}_1_{number}", "1", "2")  # two requests, two keys each
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS)
+def test_every_key_is_handed_out_at_most_once_between_cleanups(ops: list[tuple[str, int]]) -> None:
+    index = HandOutIndex(100)
+    handed: dict[IndexKey, int] = {}
+    refused = 0
+    for offset, (op, number) in enumerate(ops):
+        key = _key(number)
+        if op == "add":
+            refused += not index.add(key, Entry(offset, 1, 0, offset))
+        elif op == "take":
+            if index.take(key) is not None:
+                handed[key] = handed.get(key, 0) + 1
+        else:
+            index.forget(f"r{number % 2}")
+            handed = {k: n for k, n in handed.items() if request_of(k) != f"r{number % 2}"}
+        assert all(n == 1 for n in handed.values())
+    assert index.counts["redelivered"] == refused
