@@ -22,7 +22,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -36,13 +36,14 @@ from codeclog.consumers.fold.machine import (
 from codeclog.consumers.fold.outcomes import (
     Abandoned,
     Decode,
+    Duplicate,
     Outcome,
     Reject,
     RejectReason,
     Release,
 )
 from codeclog.consumers.fold.report import ReportBuilder
-from codeclog.consumers.stream_limit import EVICTED_BY_CAP
+from codeclog.consumers.stream_limit import EVICTED_BY_CAP, StateSizes
 from codeclog.errors import CodeclogError
 from codeclog.schemas import wire
 from codeclog.schemas.records import (
@@ -91,7 +92,9 @@ class InputRecord:
 
 
 class VocoderEngine(Protocol):
-    """What the pipeline needs from vocoder.engine.Code2WavEngine (kept torch-free here)."""
+    """What the pipeline needs from vocoder.engine.Code2WavEngine (kept torch-free here): the
+    required core. What a real engine states besides is `EngineFacts`, read only where the
+    engine has all of it (a test double may have none)."""
 
     def setup(self, voice: Any = None, seed: int = 0) -> Any: ...
 
@@ -100,6 +103,37 @@ class VocoderEngine(Protocol):
     ) -> list[tuple[np.ndarray, Any]]: ...
 
     def release(self, state: Any) -> None: ...
+
+
+class ModelCalls(Protocol):
+    """Model calls an engine made so far (vocoder.engine.DecodeCalls)."""
+
+    @property
+    def flow(self) -> int: ...
+
+    @property
+    def hift(self) -> int: ...
+
+
+@runtime_checkable
+class EngineFacts(StateSizes, Protocol):
+    """The optional part of an engine, all or nothing (Code2WavEngine states every member):
+    its window rules (`check_engine_fits`), the determinism domain stamped on its audio, its
+    model-call counts (step metrics) and, from `StateSizes`, the sizes the open-stream budget
+    charges (consumers.stream_limit). An engine without them is taken as it is: no rules
+    checked, domain "", no call counts, no state budget."""
+
+    @property
+    def lookahead_frames(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def domain(self) -> str: ...
+
+    @property
+    def calls(self) -> ModelCalls: ...
 
 
 class EngineMismatchError(CodeclogError):
@@ -126,15 +160,17 @@ def check_checkpoint_fits(request_id: str, written_domain: str, engine_domain: s
 
 def check_engine_fits(fold_config: FoldConfig, engine: object) -> None:
     """Raise EngineMismatchError unless the engine's lookahead and codec-id range equal the
-    fold's. An engine that does not state them (a test double) is taken as it is."""
-    lookahead = getattr(engine, "lookahead_frames", None)
-    if isinstance(lookahead, int) and lookahead != fold_config.lookahead_frames:
+    fold's. An engine that does not state them (not `EngineFacts`) is taken as it is."""
+    if not isinstance(engine, EngineFacts):
+        return
+    lookahead = engine.lookahead_frames
+    if lookahead != fold_config.lookahead_frames:
         raise EngineMismatchError(
             f"the vocoder's flow takes {lookahead} lookahead ids per window, the fold is "
             f"configured for {fold_config.lookahead_frames} (FoldConfig.lookahead_frames)"
         )
-    vocab = getattr(engine, "vocab_size", None)
-    if isinstance(vocab, int) and vocab != MAX_CODEC_ID + 1:
+    vocab = engine.vocab_size
+    if vocab != MAX_CODEC_ID + 1:
         raise EngineMismatchError(
             f"the vocoder accepts codec ids 0..{vocab - 1}, the wire contract 0..{MAX_CODEC_ID}"
         )
@@ -205,6 +241,7 @@ class StepOutput:
     fatal: Reject | None = None
     records: int = 0
     windows: int = 0
+    duplicates: int = 0  # redelivered chunks the fold recognised (same digest): not decoded
     decode_calls: int = 0  # decode_batch calls (rounds)
     flow_calls: int = 0  # the engine's flow calls during this step (engine.calls, if it counts)
     hift_calls: int = 0  # the engine's HiFT calls during this step
@@ -240,10 +277,10 @@ class AudioPipeline:
     ) -> None:
         self.config = config
         self.engine = engine
-        if engine is not None:
-            check_engine_fits(config.fold, engine)
+        self._facts = engine if isinstance(engine, EngineFacts) else None
+        check_engine_fits(config.fold, engine)
         # what decides the audio bytes (vocoder.domain), stamped on every AudioChunk
-        self.domain = str(getattr(engine, "domain", "")) if engine is not None else ""
+        self.domain = self._facts.domain if self._facts is not None else ""
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self._folds: dict[int, FoldState] = {}
         self._streams: dict[str, _Stream] = {}
@@ -420,6 +457,8 @@ class AudioPipeline:
             pending.setdefault(outcome.request_id, []).append(_Window(outcome, record))
         elif isinstance(outcome, Release | Abandoned):
             pending.setdefault(outcome.request_id, []).append(outcome)
+        elif isinstance(outcome, Duplicate):
+            out.duplicates += 1
         elif isinstance(outcome, Reject):
             details = outcome.details_dict()
             details.setdefault("cache_epoch", outcome.cache_epoch)
@@ -465,10 +504,10 @@ class AudioPipeline:
             (s.state, w.decode.codes, w.decode.final) for s, w in zip(streams, batch, strict=True)
         ]
         started = time.perf_counter()
-        before = _model_calls(self.engine)
+        before = _model_calls(self._facts)
         results = self._decode_isolated(items)
         out.decode_s += time.perf_counter() - started
-        after = _model_calls(self.engine)
+        after = _model_calls(self._facts)
         out.flow_calls += after[0] - before[0]
         out.hift_calls += after[1] - before[1]
         out.decode_calls += 1
@@ -631,10 +670,9 @@ class AudioPipeline:
         )
 
 
-def _model_calls(engine: Any) -> tuple[int, int]:
+def _model_calls(facts: EngineFacts | None) -> tuple[int, int]:
     """(flow, HiFT) calls the engine made so far (Code2WavEngine.calls); (0, 0) if untracked."""
-    calls = getattr(engine, "calls", None)
-    return (int(getattr(calls, "flow", 0)), int(getattr(calls, "hift", 0)))
+    return (0, 0) if facts is None else (facts.calls.flow, facts.calls.hift)
 
 
 def _cut(text: str, limit: int) -> str:

@@ -23,6 +23,7 @@ Pure arithmetic: no torch, no Kafka.
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol, runtime_checkable
 
 from codeclog.errors import ConfigError
 
@@ -102,7 +103,7 @@ class LimitOptions:
             self.max_open_streams,
             partitions,
             self.budget_bytes(engine),
-            _engine_int(engine, "peak_state_bytes") or 0,
+            engine.peak_state_bytes() if isinstance(engine, StateSizes) else 0,
         )
 
     def budget_bytes(self, engine: object | None) -> int | None:
@@ -110,10 +111,18 @@ class LimitOptions:
             return None
         if self.state_budget_mb is not None:
             return int(self.state_budget_mb * 1_000_000)
-        return _engine_int(engine, "default_state_budget_bytes")
+        return engine.default_state_budget_bytes() if isinstance(engine, StateSizes) else None
 
 
-def _engine_int(engine: object | None, method: str) -> int | None:
-    """An engine's size figure (Code2WavEngine states both; a test double may not)."""
-    call = getattr(engine, method, None)
-    return int(call()) if callable(call) else None
+@runtime_checkable
+class StateSizes(Protocol):
+    """The size figures an engine states (Code2WavEngine does; a test double may not, and then
+    no budget applies): part of `consumers.pipeline.EngineFacts`."""
+
+    def peak_state_bytes(self) -> int:
+        """The most bytes one open stream's state holds between windows."""
+        ...
+
+    def default_state_budget_bytes(self) -> int:
+        """The open-stream state budget when --state-budget-mb is not given."""
+        ...

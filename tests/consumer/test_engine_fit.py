@@ -10,18 +10,36 @@ import pytest
 from codeclog.consumers.fold.machine import FoldConfig
 from codeclog.consumers.pipeline import (
     AudioPipeline,
+    EngineFacts,
     EngineMismatchError,
     PipelineConfig,
     check_checkpoint_fits,
     check_engine_fits,
 )
+from codeclog.consumers.stream_limit import StateSizes
 from codeclog.schemas.records import MAX_CODEC_ID
 
 
 @dataclasses.dataclass
+class _Calls:
+    flow: int = 0
+    hift: int = 0
+
+
+@dataclasses.dataclass
 class _Rules:
+    """An engine that states every EngineFacts member (so its rules are checked)."""
+
     lookahead_frames: int = 3
     vocab_size: int = MAX_CODEC_ID + 1
+    domain: str = ""
+    calls: _Calls = dataclasses.field(default_factory=_Calls)
+
+    def peak_state_bytes(self) -> int:
+        return 1
+
+    def default_state_budget_bytes(self) -> int:
+        return 1
 
     def setup(self, voice: Any = None, seed: int = 0) -> Any:
         return None
@@ -52,6 +70,30 @@ def test_a_codec_range_mismatch_is_refused() -> None:
 def test_the_tiny_engine_fits_the_default_fold(tiny_engine: Any) -> None:
     assert tiny_engine.lookahead_frames == FoldConfig().lookahead_frames
     check_engine_fits(FoldConfig(), tiny_engine)
+
+
+def test_the_engine_states_every_fact_the_pipeline_and_the_budget_read(tiny_engine: Any) -> None:
+    """Else its rules would go unchecked, its audio unstamped and its streams unbudgeted."""
+    assert isinstance(tiny_engine, EngineFacts) and isinstance(tiny_engine, StateSizes)
+    pipeline = AudioPipeline(PipelineConfig(), tiny_engine)
+    assert pipeline.domain == tiny_engine.domain != ""
+
+
+def test_an_engine_without_the_facts_is_taken_as_it_is() -> None:
+    @dataclasses.dataclass
+    class _Bare:
+        lookahead_frames: int = 2  # stated alone: not EngineFacts, so not checked
+
+        def setup(self, voice: Any = None, seed: int = 0) -> Any:
+            return None
+
+        def decode_batch(self, items: Any) -> list[Any]:
+            return []
+
+        def release(self, state: Any) -> None:
+            pass
+
+    assert AudioPipeline(PipelineConfig(), _Bare()).domain == ""
 
 
 CAUSAL = "portable1:torch2.15:x86_64:causal"

@@ -34,6 +34,9 @@ class _Labelled:
     def __init__(self, engine: Any, domain: str) -> None:
         self._engine, self.domain = engine, domain
 
+    def __getattr__(self, name: str) -> Any:  # the engine's other EngineFacts members
+        return getattr(self._engine, name)
+
     def setup(self, voice: Any = None, seed: int = 0) -> Any:
         return self._engine.setup(voice, seed)
 
