@@ -27,6 +27,7 @@ class _Noop:
 class VocoderMetrics:
     records: Any
     windows: Any
+    duplicates: Any
     batch_size: Any
     decode_seconds: Any
     rtf: Any
@@ -55,6 +56,12 @@ class VocoderMetrics:
             ),
             windows=prom.Counter(
                 "codeclog_vocoder_windows", "Decode windows vocoded", registry=registry
+            ),
+            duplicates=prom.Counter(
+                "codeclog_vocoder_duplicate_chunks",
+                "Redelivered chunks recognised as duplicates (the digest of an applied chunk, "
+                "restored checkpoints included) and not decoded again",
+                registry=registry,
             ),
             batch_size=prom.Histogram(
                 "codeclog_vocoder_batch_size",

@@ -170,7 +170,8 @@ class VocoderService:
         self._pending: list[InputRecord] = []  # polled while a step decoded: the next batch
         self._paused: set[tuple[str, int]] = set()  # paused by a decode, not resumed yet
         self.stats: dict[str, int] = dict.fromkeys(
-            ("records", "windows", "dead_letters", "steps", "pauses", "void_steps"), 0
+            ("records", "windows", "dead_letters", "duplicates", "steps", "pauses", "void_steps"),
+            0,
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -652,6 +653,7 @@ class VocoderService:
         m = self.metrics
         m.records.inc(out.records)
         m.windows.inc(len(out.audio))
+        m.duplicates.inc(out.duplicates)
         m.transactions.labels(result="committed").inc()
         for size in out.batch_sizes:
             m.batch_size.observe(size)
@@ -670,6 +672,7 @@ class VocoderService:
         self.stats["records"] += out.records
         self.stats["windows"] += len(out.audio)
         self.stats["dead_letters"] += len(out.dead_letters)
+        self.stats["duplicates"] += out.duplicates
         self.stats["steps"] += 1
         log.debug("step: %d records, %d windows in %.3f s", out.records, len(out.audio), step_s)
 
