@@ -31,6 +31,7 @@ import enum
 from collections.abc import Iterable, Mapping
 
 from codeclog.errors import CodeclogError
+from codeclog.kafka_log import client_settings
 from codeclog.topics_config import TopicsConfig
 
 DEFAULT_GROUP = "codeclog-vocoder"
@@ -164,7 +165,7 @@ def apply_acls(
         )
         for s in specs_list
     ]
-    admin = AdminClient({**admin_config, "log_level": "2"})
+    admin = AdminClient(client_settings(admin_config, {"log_level": "2"}))
     futures = admin.create_acls(bindings, request_timeout=timeout_s)
     for spec, (_binding, future) in zip(specs_list, futures.items(), strict=True):
         try:

@@ -39,6 +39,7 @@ from confluent_kafka.admin import AdminClient
 from codeclog import security
 from codeclog.errors import CodeclogError, UsageError
 from codeclog.kafka_jars import KAFKA_VERSION, JarFetcher, runtime_file
+from codeclog.kafka_log import client_settings
 
 ENV_JAVA = "CODECLOG_JAVA"
 MIN_JAVA_MAJOR = 17
@@ -356,7 +357,9 @@ def metadata_lists_broker(
     client_config: dict[str, str] | None = None,
 ) -> bool:
     """A real Kafka round trip: the cluster metadata names our node."""
-    admin = AdminClient({**(client_config or {}), "bootstrap.servers": bootstrap, "log_level": 2})
+    admin = AdminClient(
+        client_settings(client_config or {}, {"bootstrap.servers": bootstrap, "log_level": 2})
+    )
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except Exception:  # KafkaException and transport errors: not ready yet

@@ -28,6 +28,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from codeclog.errors import CodeclogError
+from codeclog.kafka_log import KAFKA_LOG, client_settings
 from codeclog.schemas import wire
 from codeclog.schemas.records import SAMPLE_RATE_HZ, AudioChunk, DeadLetter
 from codeclog.topics_config import TopicsConfig
@@ -149,13 +150,14 @@ class AudioCollector(threading.Thread):
     def __init__(self, client: dict[str, Any], topic: str, partitions: int, t0: float) -> None:
         super().__init__(daemon=True)
         self.consumer = Consumer(
-            {
-                **client,
-                "group.id": "codeclog-demo-listener",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "logger": logging.getLogger("codeclog.kafka"),
-            }
+            client_settings(
+                client,
+                {
+                    "group.id": "codeclog-demo-listener",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                },
+            )
         )
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.chunks: list[AudioChunk] = []
@@ -193,9 +195,7 @@ class LagSampler(threading.Thread):
         super().__init__(daemon=True)
         from codeclog.lag.monitor import LagMonitor
 
-        logger = logging.getLogger("codeclog.kafka")
-        client: dict[str, Any] = {**config, "logger": logger}
-        self.monitor = LagMonitor(client, group, topic)
+        self.monitor = LagMonitor(client_settings(config), group, topic)
         self.samples: list[tuple[float, int, float, float]] = []
         self.statuses: list[str] = []
         # the latest sample: every partition with data committed to its end (lag.drain)
@@ -362,7 +362,7 @@ def run_demo(options: DemoOptions) -> int:
     from codeclog.topics import ensure_topics
 
     started = time.monotonic()
-    logging.getLogger("codeclog.kafka").setLevel(logging.CRITICAL)  # reconnect noise
+    KAFKA_LOG.setLevel(logging.CRITICAL)  # reconnect noise
     options.out_dir.mkdir(parents=True, exist_ok=True)
     topics = TopicsConfig(partitions=options.partitions)
     topics_file = options.out_dir / "topics.json"

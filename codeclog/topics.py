@@ -25,6 +25,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from codeclog.errors import CodeclogError
+from codeclog.kafka_log import client_settings
 from codeclog.topics_config import TopicsConfig
 
 CLEANUP_POLICY = "cleanup.policy"
@@ -192,11 +193,9 @@ def format_config(info: TopicInfo) -> str:
 
 
 def _admin(client_config: Mapping[str, str]) -> AdminClient:
-    config: dict[str, str | int | float | bool] = dict(client_config)
     # Failures come back as exceptions with one clear sentence; librdkafka's own per-retry
     # connection errors would bury it (the user's log_level, if any, wins).
-    config.setdefault("log_level", "2")
-    return AdminClient(config)
+    return AdminClient(client_settings({"log_level": "2"}, client_config))
 
 
 def _broker_count(admin: AdminClient, timeout_s: float, client_config: Mapping[str, str]) -> int:

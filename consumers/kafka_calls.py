@@ -8,7 +8,6 @@ timeout). `bounded` runs such a call on a helper thread, so the waiting thread s
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -17,10 +16,9 @@ from confluent_kafka import KafkaError, KafkaException
 
 from codeclog.errors import CodeclogError
 from codeclog.kafka_access import KafkaAccessError
+from codeclog.kafka_log import KAFKA_LOG  # `codeclog vocode -v` shows librdkafka's lines
 
-# librdkafka's own log lines (connection failures, session timeouts, ...) go to this logger,
-# never straight to the terminal; `codeclog vocode -v` shows them.
-KAFKA_LOG = logging.getLogger("codeclog.kafka")
+__all__ = ["KAFKA_LOG"]  # re-exported: the service and its tests import it from here
 
 CALL_GRACE_S = 5.0
 _FENCED_NAMES = ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")

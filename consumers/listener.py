@@ -42,6 +42,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from codeclog.consumers.audio_compare import Bound, compare_bound, pcm_digest
+from codeclog.kafka_log import client_settings
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
 
@@ -444,9 +445,9 @@ class AudioListener:
         return self.assembler.stats
 
     def _config(self) -> dict[str, Any]:
-        config: dict[str, Any] = dict(self.client_config)
         level = "read_committed" if self.isolation is Isolation.COMMITTED else "read_uncommitted"
-        config.update(
+        return client_settings(
+            self.client_config,
             {
                 "group.id": "codeclog-listener",
                 "enable.auto.commit": False,
@@ -459,9 +460,8 @@ class AudioListener:
                 # bounds an idle fetch; 50 ms instead of 500 keeps shutdown and caught_up()
                 # prompt. queued.min.messages is prefetch depth, not a delay: default.
                 "fetch.wait.max.ms": 50,
-            }
+            },
         )
-        return config
 
     def start(self) -> None:
         """Find where to read from (see the module doc) and assign the partitions."""

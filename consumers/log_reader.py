@@ -10,13 +10,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-from codeclog.consumers.kafka_calls import (
-    KAFKA_LOG,
-    ClusterUnavailableError,
-    InfrastructureError,
-)
+from codeclog.consumers.kafka_calls import ClusterUnavailableError, InfrastructureError
 from codeclog.consumers.pipeline import InputRecord, Position
 from codeclog.kafka_access import refusal, refusal_of_unused, refused_kind
+from codeclog.kafka_log import client_settings
 
 log = logging.getLogger("codeclog.vocode")
 
@@ -108,17 +105,15 @@ def read_partitions(
 
 
 def _reader_config(client_config: dict[str, str]) -> dict[str, Any]:
-    config: dict[str, Any] = dict(client_config)
-    config.setdefault("logger", KAFKA_LOG)
-    config.update(
+    return client_settings(
+        client_config,
         {
             "group.id": "codeclog-reader",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
-        }
+        },
     )
-    return config
 
 
 def _read_until(

@@ -29,7 +29,6 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from codeclog.consumers import kafka_calls
 from codeclog.consumers.kafka_calls import (
     FENCED_CODES,
-    KAFKA_LOG,
     RETRY_INIT_CODES,
     InfrastructureError,
     StuckCallError,
@@ -40,6 +39,7 @@ from codeclog.consumers.kafka_calls import (
 )
 from codeclog.consumers.metrics import VocoderMetrics
 from codeclog.errors import CodeclogError
+from codeclog.kafka_log import client_settings
 
 log = logging.getLogger("codeclog.vocode")
 
@@ -153,11 +153,9 @@ class Transactions:
         self._needs_init = False
 
     def _producer_config(self) -> dict[str, Any]:
-        config = transactional_producer_config(
+        return transactional_producer_config(
             self.client_config, self.transactional_id, self.transaction_timeout_ms
         )
-        config.setdefault("logger", KAFKA_LOG)
-        return config
 
     # -- one step's transaction -----------------------------------------------------------------
 
@@ -296,7 +294,7 @@ def transactional_producer_config(
     client_config: dict[str, str], transactional_id: str, transaction_timeout_ms: int
 ) -> dict[str, Any]:
     """The service's transactional producer (bench/bench_transaction.py measures the same)."""
-    config: dict[str, Any] = dict(client_config)
+    config = client_settings(client_config)
     config.update(
         {
             "transactional.id": transactional_id,

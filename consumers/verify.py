@@ -19,17 +19,21 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, cast
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from codeclog.consumers.audio_compare import Bound, Comparison, compare_bound, pcm_digest
 from codeclog.consumers.fold.machine import FoldConfig, Policy
+from codeclog.consumers.kafka_calls import ClusterUnavailableError, one_line
 from codeclog.consumers.log_reader import read_partition
 from codeclog.consumers.pipeline import AudioPipeline, PipelineConfig, VocoderEngine
+from codeclog.kafka_log import client_settings
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk, DeadLetter
 from codeclog.topics_config import TopicsConfig
 
 WindowKey = tuple[str, int, int]  # request id, cache epoch, window index
+METADATA_TIMEOUT_S = 10.0  # as the vocoder member's first metadata request
 
 
 @dataclasses.dataclass
@@ -61,9 +65,20 @@ class VerifyReport:
         return data
 
 
-def partitions_of(client_config: dict[str, str], topic: str) -> list[int]:
+def partitions_of(
+    client_config: dict[str, str], topic: str, timeout_s: float = METADATA_TIMEOUT_S
+) -> list[int]:
+    """The partitions of `topic` ([] when it does not exist); ClusterUnavailableError (one
+    line, exit 1) when the cluster does not answer."""
     # Whole-cluster metadata: asking for one topic would auto-create it on brokers that allow it.
-    metadata = AdminClient(dict(client_config)).list_topics(timeout=30)
+    admin = AdminClient(client_settings(client_config))
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise ClusterUnavailableError(
+            f"no answer from the cluster at {client_config.get('bootstrap.servers')} within "
+            f"{timeout_s:g} s ({one_line(exc)})"
+        ) from exc
     info = metadata.topics.get(topic)
     if info is None or info.error is not None:
         return []

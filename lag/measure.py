@@ -84,6 +84,7 @@ from codeclog.kafka_access import (
     refusal,
     refusal_of_unused,
 )
+from codeclog.kafka_log import client_settings
 from codeclog.lag.evaluator import offset_lag
 from codeclog.schemas import wire
 from codeclog.schemas.records import FRAME_SECONDS, CodecChunk
@@ -97,12 +98,13 @@ DEFAULT_OFFSET_RESET = "earliest"  # codeclog's consumer (consumers.service)
 FramesOf = Callable[[bytes | None], int]
 
 
-def quiet(client_config: Mapping[str, str]) -> dict[str, str]:
-    """librdkafka logs every failed connect to stderr; the one-sentence error says it better.
+def quiet(client_config: Mapping[str, str]) -> dict[str, Any]:
+    """librdkafka logs every failed connect; the one-sentence error says it better.
 
-    Level 2 (critical) like `codeclog topics`; a log_level in the user's config wins.
+    Level 2 (critical) like `codeclog topics`; a log_level in the user's config wins. The lines
+    go to the `codeclog.kafka` logger (codeclog.kafka_log), never straight to stderr.
     """
-    return {"log_level": "2", **client_config}
+    return client_settings({"log_level": "2"}, client_config)
 
 
 class MeasureError(CodeclogError):
@@ -263,17 +265,19 @@ class HeadReader:
             consumer.close()
 
     def _consumer_config(self) -> dict[str, Any]:
-        return {
-            **self._config,
-            # a throw-away id: the reader never commits, so the group never exists on the broker
-            "group.id": f"codeclog-lag-reader-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",  # a committed offset lost to retention
-            "enable.partition.eof": True,
-            "fetch.wait.max.ms": 50,
-        }
+        return client_settings(
+            self._config,
+            {
+                # a throw-away id: the reader never commits, so the group never exists
+                "group.id": f"codeclog-lag-reader-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",  # a committed offset lost to retention
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 50,
+            },
+        )
 
     def _collect(
         self, consumer: Consumer, topic: str, pending: dict[int, HeadRequest]
@@ -358,7 +362,7 @@ class LagMeasurer:
         self.offset_reset = offset_reset
         client_config = quiet(client_config)
         try:
-            self._admin = AdminClient(dict(client_config))
+            self._admin = AdminClient(client_settings(client_config))
         except KafkaException as exc:  # e.g. an unknown property in --kafka-config
             raise ClientConfigError(f"invalid Kafka client configuration: {_reason(exc)}") from exc
         self._timeout_s = timeout_s

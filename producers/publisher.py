@@ -20,7 +20,6 @@ The per-step `Talker` (windowing + publishing to any sink) lives in
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -36,6 +35,7 @@ from codeclog.kafka_access import (
     is_authorization_error,
     raise_if_topic_refused,
 )
+from codeclog.kafka_log import KAFKA_LOG, client_settings
 from codeclog.producers.talker import Record
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk
@@ -44,7 +44,6 @@ DEFAULT_TOPIC = "codec.chunks"
 LATENCY_SAMPLES_MAX = 100_000  # produce-to-ack samples kept (a ring: the newest win)
 BACKPRESSURE_POLL_S = 0.05
 PURGE_REPORT_TIMEOUT_S = 1.0  # time to serve the delivery reports of purged records at close
-KAFKA_LOGGER = logging.getLogger("codeclog.kafka")
 
 # Settings the publisher's guarantees depend on: a user properties file may not weaken them.
 _REQUIRED = {
@@ -119,8 +118,8 @@ def producer_settings(client_config: Mapping[str, str], config: PublisherConfig)
                 f"kafka config sets {key}={value}, but the talker publisher requires "
                 f"{key}={allowed[0]} (exactly-once per producer, partitions shared with Java)"
             )
-    settings: dict[str, Any] = dict(client_config)
-    settings.update(
+    settings = client_settings(
+        client_config,
         {
             "enable.idempotence": True,
             "acks": "all",
@@ -129,8 +128,7 @@ def producer_settings(client_config: Mapping[str, str], config: PublisherConfig)
             "linger.ms": config.linger_ms,
             "message.timeout.ms": config.delivery_timeout_ms,
             "queue.buffering.max.messages": config.queue_max_records,
-            "logger": KAFKA_LOGGER,
-        }
+        },
     )
     if config.producer_id:
         settings.setdefault("client.id", config.producer_id)
@@ -148,7 +146,7 @@ def topic_partition_count(
     Asks for the whole cluster's metadata: naming a missing topic in a metadata request can
     auto-create it with the broker's default partition count, which would break the layout.
     """
-    admin = admin_factory({**client_config, "logger": KAFKA_LOGGER})
+    admin = admin_factory(client_settings(client_config))
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
@@ -342,7 +340,7 @@ class ChunkPublisher:
             # written: "not confirmed" is the honest report.
             self._producer.purge(in_queue=True, in_flight=True, blocking=False)
             self._producer.flush(PURGE_REPORT_TIMEOUT_S)
-            KAFKA_LOGGER.error("closed with %d undelivered records", undelivered)
+            KAFKA_LOG.error("closed with %d undelivered records", undelivered)
         return CloseReport(self._counts.delivered, self._counts.failed, undelivered)
 
     @property

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from codeclog.kafka_access import is_authorization_error, raise_if_topic_refused, refusal
+from codeclog.kafka_log import client_settings
 from codeclog.replay.capture_format import (
     CapturedRecord,
     CaptureFile,
@@ -111,9 +112,7 @@ class Progress(Protocol):
 def quiet_config(client_config: Mapping[str, str]) -> dict[str, Any]:
     """The user's properties, with librdkafka's per-retry log lines off unless they set
     log_level: failures surface as one clear error sentence instead."""
-    config: dict[str, Any] = dict(client_config)
-    config.setdefault("log_level", "2")
-    return config
+    return client_settings({"log_level": "2"}, client_config)
 
 
 def consumer_config(client_config: Mapping[str, str], group_id: str) -> dict[str, Any]:

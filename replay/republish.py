@@ -18,6 +18,7 @@ from codeclog.kafka_access import (
     is_authorization_error,
     raise_if_topic_refused,
 )
+from codeclog.kafka_log import client_settings
 from codeclog.replay.capture_format import CapturedRecord, TimestampType
 from codeclog.replay.errors import RepublishError
 from codeclog.replay.inputs import ReplayInput, log_order
@@ -35,18 +36,17 @@ class RepublishSummary:
 
 
 def producer_config(client_config: Mapping[str, str]) -> dict[str, Any]:
-    config: dict[str, Any] = dict(client_config)
-    config.setdefault("log_level", "2")  # failures surface as one error sentence instead
-    config.update(
+    return client_settings(
+        {"log_level": "2"},  # failures surface as one error sentence instead
+        client_config,
         {
             "enable.idempotence": True,
             "partitioner": PARTITIONER,
             "linger.ms": 5,
             "acks": "all",
             "allow.auto.create.topics": False,  # a typo must not create a topic
-        }
+        },
     )
-    return config
 
 
 @dataclasses.dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import socket
 import sys
 import time
@@ -13,7 +12,6 @@ from typing import Any, TextIO
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
 from codeclog.errors import CodeclogError, exit_code
 from codeclog.producers.publisher import (
-    KAFKA_LOGGER,
     ChunkPublisher,
     PublisherConfig,
     PublisherStats,
@@ -110,7 +108,6 @@ def _talk(args: argparse.Namespace) -> int:
         linger_ms=args.linger_ms,
     )
     client_config = kafka_client_config(args)
-    _quiet_client_logs()
     topic_partition_count(client_config, topic, args.connect_timeout_s)
     session_scripts = scripts(synthetic)
     publisher = ChunkPublisher(client_config, publisher_config)
@@ -141,14 +138,6 @@ def _talk(args: argparse.Namespace) -> int:
     _print_summary(summary, as_json=args.json)
     _print_failures(publisher)
     return 0 if summary["failed"] == 0 else 1
-
-
-def _quiet_client_logs() -> None:
-    # librdkafka logs every failed reconnect; the progress line and the summary tell the user
-    # what matters (failures are reported per record), so only critical logs pass.
-    if not KAFKA_LOGGER.handlers:
-        KAFKA_LOGGER.addHandler(logging.NullHandler())
-        KAFKA_LOGGER.propagate = False
 
 
 class _ProgressLine:
