@@ -40,6 +40,7 @@ from codeclog import security
 from codeclog.errors import CodeclogError, UsageError
 from codeclog.kafka_jars import KAFKA_VERSION, JarFetcher, runtime_file
 from codeclog.kafka_log import client_settings
+from codeclog.user_files import make_folder
 
 ENV_JAVA = "CODECLOG_JAVA"
 MIN_JAVA_MAJOR = 17
@@ -613,12 +614,7 @@ class LocalBroker:
 
     # start internals ------------------------------------------------------------------------
     def _make_data_dir(self) -> None:
-        try:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise BrokerError(
-                f"cannot create the data dir {self.data_dir}: {exc.strerror}"
-            ) from exc
+        make_folder(self.data_dir, "the data dir")
 
     def _start_with_port_retries(
         self, java: str, libs_dir: Path, progress: Progress

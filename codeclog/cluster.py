@@ -58,7 +58,9 @@ from codeclog.broker import (
     port_is_free,
     resolve_java,
 )
+from codeclog.errors import UsageError
 from codeclog.topics import replication_for
+from codeclog.user_files import make_folder
 
 CLUSTER_FILE = "cluster.json"
 CLUSTER_LOCK = ".cluster.lock"
@@ -81,6 +83,10 @@ def _quiet(_message: str) -> None:
 
 class ClusterError(BrokerError):
     """The local cluster could not be started, stopped, inspected or faulted."""
+
+
+class ClusterSizeError(ClusterError, UsageError):
+    """--nodes out of range: a bad option (exit 2)."""
 
 
 # ----------------------------------------------------------------------------- layout
@@ -307,7 +313,7 @@ class LocalCluster:
         self._random_bytes = random_bytes
         self._nodes: dict[int, ClusterNode] = {}
         if nodes is not None and not 2 <= nodes <= MAX_NODES:
-            raise ClusterError(f"a local cluster has 2..{MAX_NODES} nodes, not {nodes}")
+            raise ClusterSizeError(f"a local cluster has 2..{MAX_NODES} nodes, not {nodes}")
 
     @staticmethod
     def holds_cluster(data_dir: Path) -> bool:
@@ -506,12 +512,7 @@ class LocalCluster:
         return layout
 
     def _make_dir(self) -> None:
-        try:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ClusterError(
-                f"cannot create the data dir {self.data_dir}: {exc.strerror}"
-            ) from exc
+        make_folder(self.data_dir, "the data dir")
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
         return file_lock(self.data_dir / CLUSTER_LOCK)

@@ -144,6 +144,13 @@ def check_client_properties(props: dict[str, str], source: str) -> None:
         raise ConfigError(f"{source}: {' '.join(str(text).split())}") from exc
 
 
+def port_problem(option: str, port: int | None) -> str | None:
+    """Why `port` cannot be served on (a usage error), or None; None is not asked for."""
+    if port is not None and not 0 <= port <= 65535:
+        return f"{option} must be a TCP port (0-65535), got {port}"
+    return None
+
+
 def topics_config(args: argparse.Namespace) -> TopicsConfig:
     return TopicsConfig.load(getattr(args, "topics_config", None))
 

@@ -32,6 +32,7 @@ from codeclog.kafka_log import KAFKA_LOG, client_settings
 from codeclog.schemas import wire
 from codeclog.schemas.records import SAMPLE_RATE_HZ, AudioChunk, DeadLetter
 from codeclog.topics_config import TopicsConfig
+from codeclog.user_files import make_folder
 
 ENV_CHECKPOINT = "CODECLOG_TOKEN2WAV_DIR"
 
@@ -363,7 +364,7 @@ def run_demo(options: DemoOptions) -> int:
 
     started = time.monotonic()
     KAFKA_LOG.setLevel(logging.CRITICAL)  # reconnect noise
-    options.out_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(options.out_dir, "--out folder")
     topics = TopicsConfig(partitions=options.partitions)
     topics_file = options.out_dir / "topics.json"
     topics_file.write_text(json.dumps({"partitions": options.partitions}))

@@ -28,9 +28,20 @@ def reason(path: str | Path, exc: OSError | UnicodeDecodeError) -> str:
         return f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
     text = exc.strerror or type(exc).__name__
     text = text[:1].lower() + text[1:]
-    if exc.filename is not None and os.fspath(exc.filename) != os.fspath(path):
-        text += f" ({os.fsdecode(exc.filename)})"
+    where = exc.filename
+    if exc.errno == errno.ENOTDIR:  # the system names the path asked for, not the file in the way
+        where = _file_in_the_way(Path(path)) or where
+    if where is not None and os.fspath(where) != os.fspath(path):
+        text += f" ({os.fsdecode(where)})"
     return text
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest ancestor of `path` that exists and is not a folder."""
+    for ancestor in path.parents:
+        if ancestor.exists():
+            return None if ancestor.is_dir() else ancestor
+    return None
 
 
 def user_file_error(
@@ -51,7 +62,7 @@ def read_text(path: str | Path, what: str) -> str:
 def open_binary(path: str | Path, what: str) -> BinaryIO:
     """The file opened for reading bytes (the caller closes it)."""
     try:
-        return open(path, "rb")  # noqa: SIM115 (the caller's `with` closes it)
+        return open(path, "rb")
     except OSError as exc:
         raise user_file_error("read", what, path, exc) from exc
 
@@ -59,7 +70,7 @@ def open_binary(path: str | Path, what: str) -> BinaryIO:
 def create_binary(path: str | Path, what: str) -> BinaryIO:
     """The file created (or truncated) for writing bytes; its folder must exist."""
     try:
-        return open(path, "wb")  # noqa: SIM115 (the caller's `with` closes it)
+        return open(path, "wb")
     except OSError as exc:
         raise user_file_error("write", what, path, exc) from exc
 

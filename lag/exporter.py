@@ -231,8 +231,9 @@ def serve(collector: LagCollector, port: int, address: str) -> int:
     registry.register(collector)
     try:
         server, _thread = prometheus.start_http_server(port, addr=address, registry=registry)
-    except OSError as exc:
-        raise ServeError(f"cannot serve metrics on {address}:{port}: {exc.strerror}") from exc
+    except (OSError, OverflowError) as exc:  # OverflowError: a port beyond 65535
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise ServeError(f"cannot serve metrics on {address}:{port}: {reason}") from exc
     return int(server.server_port)
 
 

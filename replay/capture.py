@@ -487,11 +487,7 @@ def _capture_with(
     facts = _describe(admin, spec)
     spans = plan_capture(consumer, spec, facts)
     metadata = build_metadata(spec, facts, spans, clock_ms())
-    try:
-        capture_file = CaptureFile.create(out_path, metadata)
-    except OSError as exc:
-        raise CaptureError(f"cannot write {out_path}: {exc.strerror}") from exc
-    with capture_file as writer:
+    with CaptureFile.create(out_path, metadata) as writer:
         drainer = Drainer(
             consumer,
             spec.topic,

@@ -26,6 +26,7 @@ import fastavro
 from fastavro.write import Writer
 
 from codeclog.replay.errors import CaptureFormatError
+from codeclog.user_files import create_binary, open_binary, user_file_error
 
 FORMAT_VERSION = "1"
 OCF_MAGIC = b"Obj\x01"
@@ -303,7 +304,7 @@ class CaptureFile:
 
     @classmethod
     def create(cls, path: str | Path, metadata: CaptureMetadata) -> CaptureFile:
-        fo = open(path, "wb")  # noqa: SIM115 (closed by __exit__)
+        fo = create_binary(path, "capture file")  # UserFileError: exit 2
         return cls(fo, CaptureWriter(fo, metadata))
 
     def __enter__(self) -> CaptureWriter:
@@ -322,8 +323,9 @@ class CaptureFile:
 
 
 def is_capture_file(path: str | Path) -> bool:
-    """True when the file starts with the OCF magic (a JSONL scenario or report does not)."""
-    with open(path, "rb") as fo:
+    """True when the file starts with the OCF magic (a JSONL scenario or report does not);
+    UserFileError (exit 2) when it cannot be read."""
+    with open_binary(path, "input") as fo:
         return fo.read(len(OCF_MAGIC)) == OCF_MAGIC
 
 
@@ -377,4 +379,4 @@ def read_capture(path: str | Path) -> tuple[CaptureMetadata, list[CapturedRecord
             records = list(reader.records())
             return reader.metadata, records, reader.truncated
     except OSError as exc:
-        raise CaptureFormatError(f"cannot read capture {path}: {exc.strerror}") from exc
+        raise user_file_error("read", "capture", path, exc) from exc

@@ -49,6 +49,7 @@ from codeclog.schemas.columnar import (
     walk,
     with_nulls,
 )
+from codeclog.user_files import user_file_error
 
 _PLAN = plan_of(CAPTURE_SCHEMA)
 _TIMESTAMP_TYPES = tuple(
@@ -164,7 +165,7 @@ def read_table(path: str | Path) -> CaptureTable | None:
         with open(path, "rb") as fo:
             blocks = _read_blocks(fo)
     except OSError as exc:
-        raise CaptureFormatError(f"cannot read capture {path}: {exc.strerror}") from exc
+        raise user_file_error("read", "capture", path, exc) from exc
     buffer = padded(blocks.data)
     walked = _find_records(blocks, buffer)
     return None if walked is None else CaptureTable(blocks, walked, buffer)

@@ -47,19 +47,12 @@ class Divergence:
 
 def diff_paths(path_a: str | Path, path_b: str | Path) -> list[Divergence]:
     """Both captures, or both JSON reports (`codeclog replay --json` output)."""
-    a_capture, b_capture = _is_capture(Path(path_a)), _is_capture(Path(path_b))
+    a_capture, b_capture = is_capture_file(path_a), is_capture_file(path_b)
     if a_capture != b_capture:
         raise InputFormatError("cannot compare a capture with a report: give two of a kind")
     if a_capture:
         return diff_captures(read_capture(path_a)[1], read_capture(path_b)[1])
     return diff_reports(_load_report(Path(path_a)), _load_report(Path(path_b)))
-
-
-def _is_capture(path: Path) -> bool:
-    try:
-        return is_capture_file(path)
-    except OSError as exc:
-        raise InputFormatError(f"cannot read {path}: {exc.strerror}") from exc
 
 
 def _load_report(path: Path) -> dict[str, Any]:

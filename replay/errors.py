@@ -1,23 +1,30 @@
-"""Errors of the capture and replay tools. All derive from `codeclog.errors.CodeclogError`."""
+"""Errors of the capture and replay tools. All derive from `codeclog.errors.CodeclogError`;
+the user's to fix (an invalid input file, a bad option) are UsageErrors too: exit 2, the same
+for `replay`, `diff` and `capture` (README, "Exit codes"). An unreadable file is a
+`codeclog.user_files.UserFileError`."""
 
 from __future__ import annotations
 
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, UsageError
 
 
 class ReplayError(CodeclogError):
     """Base of the capture, replay and diff errors; the message is one sentence for the user."""
 
 
-class CaptureFormatError(ReplayError):
+class ReplayOptionError(ReplayError, UsageError):
+    """Options that do not go together (e.g. --wav-dir without a vocoder)."""
+
+
+class CaptureFormatError(ReplayError, UsageError):
     """A file is not a readable codeclog capture (wrong magic, schema or metadata)."""
 
 
-class InputFormatError(ReplayError):
+class InputFormatError(ReplayError, UsageError):
     """A replay or diff input is neither a capture, a JSONL scenario nor a replay report."""
 
 
-class BoundError(ReplayError):
+class BoundError(ReplayError, UsageError):
     """A --from / --until value is neither an offset, an ISO time nor Unix milliseconds."""
 
 

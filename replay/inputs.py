@@ -59,11 +59,7 @@ def log_order(records: Sequence[CapturedRecord]) -> tuple[CapturedRecord, ...]:
 
 def load_input(path: str | Path) -> ReplayInput:
     where = Path(path)
-    try:
-        capture = is_capture_file(where)
-    except OSError as exc:
-        raise InputFormatError(f"cannot read {where}: {exc.strerror}") from exc
-    if capture:
+    if is_capture_file(where):
         return _load_capture(where)
     return ReplayInput(InputKind.SCENARIO, where.name, events=tuple(_read_scenario(where)))
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from codeclog.errors import CodeclogError
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.user_files import reason
 
 Event = CodecChunk | ControlEvent
 COMMENT_KEY = "comment"
@@ -46,7 +47,7 @@ def read_scenario(path: str | Path) -> list[Event]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(path, 0, f"cannot read scenario: {exc}") from exc
+        raise ScenarioError(path, 0, f"cannot read scenario: {reason(path, exc)}") from exc
     return parse_scenario(text.splitlines(), path)
 
 

@@ -133,3 +133,129 @@ def test_vocode_against_an_unreachable_cluster_is_one_line_and_exit_1() -> None:
     assert err.count("\n") == 1, err
     assert err.startswith("codeclog vocode: no answer from the cluster at 127.0.0.1:1 within 10 s")
     assert took < 90, took  # the 10 s check plus start-up (41 s seen with both cores busy)
+
+
+# ----------------------------------------------------------------------------- issue 29
+# Each case was a traceback or another exit code before; the expected line is the contract.
+
+SCENARIO = ROOT / "tests" / "data" / "scenarios" / "01_clean_turn.jsonl"
+KAFKA_CONFIG_COMMANDS = [
+    ["talk"],
+    ["vocode"],
+    ["verify"],
+    ["listen"],
+    ["capture", "--out", "{tmp}/x.ocf"],
+    ["replay", str(SCENARIO), "--to-topic", "t"],
+    ["lag"],
+    ["lag-exporter"],
+    ["topics", "create"],
+    ["topics", "list"],
+    ["acls", "apply"],
+]
+
+
+@pytest.mark.parametrize(
+    "argv", KAFKA_CONFIG_COMMANDS, ids=lambda argv: "_".join(a for a in argv[:2] if "/" not in a)
+)
+def test_a_kafka_config_that_is_not_text_is_one_line_and_exit_2(
+    argv: list[str], tmp_path: Path
+) -> None:
+    binary = tmp_path / "client.properties"
+    binary.write_bytes(b"\xff\xfe\x00security.protocol=SSL\n")
+    filled = [arg.format(tmp=tmp_path) for arg in argv]
+    result = _codeclog(*filled, "--kafka-config", str(binary), *NOWHERE)
+    _assert_one_line_exit_2(
+        result, f"cannot read --kafka-config {binary}: not UTF-8 text (byte 0xff at offset 0)"
+    )
+
+
+def test_lag_exporter_port_out_of_range_is_one_line_and_exit_2() -> None:
+    result = _codeclog("lag-exporter", "--port", "70000", *NOWHERE)
+    _assert_one_line_exit_2(result, "--port must be a TCP port (0-65535), got 70000")
+
+
+def test_verify_against_an_unreachable_cluster_is_one_line_and_exit_1() -> None:
+    """It printed ~600 raw librdkafka lines, then a KafkaException traceback."""
+    result = _codeclog("verify", *NOWHERE)
+    err = result.stderr
+    assert result.returncode == 1, err
+    assert "Traceback" not in err and "%3|" not in err and "FAIL" not in err, err
+    assert err.count("\n") == 1, err
+    assert err.startswith("codeclog verify: no answer from the cluster at 127.0.0.1:1 within"), err
+
+
+def test_broker_start_with_an_impossible_node_count_is_exit_2(tmp_path: Path) -> None:
+    result = _codeclog("broker", "start", "--nodes", "0", "--data-dir", str(tmp_path / "d"))
+    _assert_one_line_exit_2(result, "a local cluster has 2..9 nodes, not 0")
+
+
+@pytest.fixture
+def not_a_folder(tmp_path: Path) -> Path:
+    """A regular file where a folder is expected: creating anything below it fails for every
+    user, root included."""
+    path = tmp_path / "file"
+    path.write_text("")
+    return path
+
+
+def test_listen_out_that_cannot_be_created_names_the_path(not_a_folder: Path) -> None:
+    """It printed a bare `[Errno 2] No such file or directory: '/proc/forbidden'`."""
+    out = not_a_folder / "x"
+    result = _codeclog("listen", "--out", str(out), *NOWHERE)
+    _assert_one_line_exit_2(
+        result, f"cannot create --out folder {out}: not a directory ({not_a_folder})"
+    )
+
+
+def test_capture_out_in_a_missing_folder_is_exit_2_like_listen(tmp_path: Path) -> None:
+    """It exited 1 (after asking the cluster) where listen exits 2 for the same mistake."""
+    out = tmp_path / "missing" / "x.ocf"
+    result = _codeclog("capture", "--out", str(out), *NOWHERE)
+    _assert_one_line_exit_2(
+        result, f"cannot write --out file {out}: no such file or directory ({out.parent})"
+    )
+
+
+@pytest.mark.parametrize("case", ["missing", "folder", "binary"])
+@pytest.mark.parametrize("command", ["replay", "diff"])
+def test_replay_and_diff_agree_on_an_input_they_cannot_use(
+    command: str, case: str, tmp_path: Path
+) -> None:
+    """The same unreadable input was exit 1 for replay and 2 for diff."""
+    path = tmp_path / "input"
+    expected = {
+        "missing": f"cannot read input {path}: no such file or directory",
+        "folder": f"cannot read input {path}: is a directory",
+        "binary": f"{path} is neither a capture",
+    }[case]
+    if case == "folder":
+        path.mkdir()
+    elif case == "binary":
+        path.write_bytes(b"\xff\xfe\x00\x01")
+    argv = [command, str(path)] + ([str(path)] if command == "diff" else [])
+    _assert_one_line_exit_2(_codeclog(*argv), expected)
+
+
+def test_replay_options_that_do_not_go_together_are_exit_2() -> None:
+    result = _codeclog("replay", str(SCENARIO), "--wav-dir", "w")
+    _assert_one_line_exit_2(result, "--wav-dir needs audio")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["demo", "--out", "{bad}/x", *NOWHERE], "cannot create --out folder {bad}/x"),
+        (["broker", "start", "--data-dir", "{bad}/x"], "cannot create the data dir {bad}/x"),
+        (
+            ["broker", "start", "--nodes", "3", "--data-dir", "{bad}/x"],
+            "cannot create the data dir {bad}/x",
+        ),
+    ],
+    ids=["demo_out", "broker_data_dir", "cluster_data_dir"],
+)
+def test_folders_that_cannot_be_created_are_one_line_and_exit_2(
+    argv: list[str], expected: str, not_a_folder: Path
+) -> None:
+    """demo --out was a traceback; the data dir of broker start was exit 1."""
+    result = _codeclog(*[arg.format(bad=not_a_folder) for arg in argv])
+    _assert_one_line_exit_2(result, expected.format(bad=not_a_folder))

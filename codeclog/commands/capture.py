@@ -8,6 +8,7 @@ import time
 
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
 from codeclog.errors import CodeclogError, exit_code
+from codeclog.user_files import check_creatable
 
 DESCRIPTION = """\
 Capture codec streams from the log into an Avro object container file (deflate), one record per
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from codeclog.replay.progress import StderrProgress
 
     try:
+        check_creatable(args.out, "--out file")  # before the cluster: a mistake is told at once
         topic = args.topic or topics_config(args).chunks
         spec = CaptureSpec(
             topic=topic,

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, exit_code
 
 EPILOG = """\
 What it does: starts a real Kafka broker from the cached Maven jars (fetching them the first
@@ -77,4 +77,4 @@ def run(args: argparse.Namespace) -> int:
         return run_demo(options)
     except CodeclogError as exc:
         print(f"codeclog demo: {exc}", file=sys.stderr)
-        return 1
+        return exit_code(exc)  # 2 for the user's to fix (README, "Exit codes")

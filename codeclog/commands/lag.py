@@ -10,7 +10,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
+from codeclog.config import (
+    ConfigError,
+    add_kafka_args,
+    kafka_client_config,
+    port_problem,
+    topics_config,
+)
 from codeclog.errors import CodeclogError, exit_code
 from codeclog.lag.evaluator import EvaluatorConfig, GroupStatus, LagConfigError
 
@@ -350,6 +356,8 @@ def _run_exporter(args: argparse.Namespace) -> int:
     from codeclog.lag.measure import LagMeasurer
     from codeclog.lag.monitor import LagMonitor
 
+    if problem := port_problem("--port", args.port):
+        raise ConfigError(problem)
     config = evaluator_config(args)
     client = kafka_client_config(args)
     topic = args.topic or topics_config(args).chunks

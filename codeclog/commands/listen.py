@@ -9,7 +9,8 @@ import wave
 from pathlib import Path
 from typing import IO, Any
 
-from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
+from codeclog.config import add_kafka_args, kafka_client_config, topics_config
+from codeclog.user_files import make_folder
 
 EPILOG = """\
 Isolation: committed (read_committed) sees a window once its step's transaction committed;
@@ -119,14 +120,10 @@ def run(args: argparse.Namespace) -> int:
     if args.until_final and not args.request:
         print("codeclog listen: --until-final needs --request", file=sys.stderr)
         return 2
-    try:
-        client_config = kafka_client_config(args)
-        topics = topics_config(args)
-        if args.out is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-    except (ConfigError, OSError) as exc:
-        print(f"codeclog listen: {exc}", file=sys.stderr)
-        return 2
+    if args.out is not None:
+        make_folder(args.out, "--out folder")  # before the cluster: a mistake is told at once
+    client_config = kafka_client_config(args)  # errors: one line from the CLI (exit 2 or 1)
+    topics = topics_config(args)
     from codeclog.consumers.listener import AudioListener, Isolation, ListenerError, StartMode
 
     listener = AudioListener(

@@ -15,8 +15,7 @@ from codeclog.config import (
     kafka_client_config,
     limit_options,
 )
-from codeclog.errors import EXIT_USAGE, CodeclogError
-from codeclog.kafka_access import KafkaAccessError
+from codeclog.errors import EXIT_USAGE, CodeclogError, exit_code
 
 DESCRIPTION = """\
 Rerun a captured stream offline through the same fold (and, with --vocoder, the same Code2Wav
@@ -47,7 +46,9 @@ examples:
   codeclog replay incident.ocf --json > a.json && codeclog diff a.json b.json
   codeclog replay incident.ocf --to-topic codec.chunks.rerun   # feed a live consumer again
 
-exit status: 0 when the replay ran (whatever the verdict), 1 on an error.
+exit status: 0 when the replay ran (whatever the verdict); 1 on a failure (the cluster, for
+--to-topic); 2 on a usage error (options, an unreadable or invalid INPUT, a refusal by the
+cluster's auth).
 """
 
 
@@ -126,18 +127,18 @@ def run(args: argparse.Namespace) -> int:
         return _replay(args)
     except (CodeclogError, ConfigError) as exc:
         print(f"codeclog replay: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, KafkaAccessError) else 1
+        return exit_code(exc)  # 2: options, an unreadable or invalid INPUT, a refusal
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    from codeclog.replay.errors import ReplayError
+    from codeclog.replay.errors import ReplayOptionError
 
     if args.wav_dir is not None and args.vocoder == "none":
-        raise ReplayError("--wav-dir needs audio: add --vocoder tiny or --vocoder DIR")
+        raise ReplayOptionError("--wav-dir needs audio: add --vocoder tiny or --vocoder DIR")
     if args.vocoder == "none" and (args.hift != "noncausal" or args.dtype != "float32"):
-        raise ReplayError("--hift and --dtype choose the vocoder: add --vocoder tiny or DIR")
+        raise ReplayOptionError("--hift and --dtype choose the vocoder: add --vocoder tiny or DIR")
     if args.to_topic and (args.wav_dir is not None or args.vocoder != "none" or args.json):
-        raise ReplayError("--to-topic republishes only: drop --vocoder, --wav-dir and --json")
+        raise ReplayOptionError("--to-topic republishes only: drop --vocoder, --wav-dir and --json")
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from codeclog.config import (
     add_limit_args,
     kafka_client_config,
     limit_options,
+    port_problem,
     topics_config,
 )
 from codeclog.consumers.fold.machine import Policy
@@ -167,8 +168,8 @@ def _refused(args: argparse.Namespace) -> str | None:
         return "--dtype float16: half precision is for CUDA; on the CPU use float32 or bfloat16"
     if args.decode_workers is not None and args.decode_workers < 1:
         return "--decode-workers must be >= 1"
-    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
-        return f"--metrics-port must be a TCP port (0-65535), got {args.metrics_port}"
+    if problem := port_problem("--metrics-port", args.metrics_port):
+        return problem
     if not args.outage_timeout > 0 or not args.stop_timeout > 0:
         return "--outage-timeout and --stop-timeout must be > 0"
     return None

@@ -208,7 +208,7 @@ def test_topics_config_load_refuses(tmp_path: Path, case: str, content: str, mes
 
 def test_topics_config_load_defaults_and_missing_file(tmp_path: Path) -> None:
     assert TopicsConfig.load(None) == TopicsConfig()
-    with pytest.raises(UserFileError, match="cannot read --topics-config .*: no such file"):
+    with pytest.raises(UserFileError, match=r"cannot read --topics-config .*: no such file"):
         TopicsConfig.load(tmp_path / "absent.json")
 
 
@@ -247,7 +247,7 @@ def test_read_properties_refuses(tmp_path: Path, case: str, content: str, messag
 
 
 def test_read_properties_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(UserFileError, match="cannot read --kafka-config .*: no such file"):
+    with pytest.raises(UserFileError, match=r"cannot read --kafka-config .*: no such file"):
         read_properties(tmp_path / "absent.properties")
 
 
