@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import importlib.metadata
 import json
 import platform
 import subprocess
@@ -334,11 +335,13 @@ def git_commit(cwd: Path | None = None) -> str:
 
 
 def client_versions() -> dict[str, str]:
+    """The full version strings of the libraries that read the records (confluent_kafka's
+    version() is a string on 2.x, so indexing it kept its first character: "2")."""
     import confluent_kafka
     import fastavro
 
     return {
-        "confluent_kafka": confluent_kafka.version()[0],
+        "confluent_kafka": importlib.metadata.version("confluent-kafka"),
         "fastavro": fastavro.__version__,
         "librdkafka": confluent_kafka.libversion()[0],
         "python": platform.python_version(),

@@ -18,6 +18,7 @@ from codeclog.replay.capture import (
     BoundKind,
     Drainer,
     bound_offsets,
+    client_versions,
     key_filter,
     parse_bound,
     plan_spans,
@@ -32,6 +33,21 @@ from codeclog.replay.capture_format import (
     TimestampType,
 )
 from codeclog.replay.errors import BoundError, CaptureError
+
+# --- header ----------------------------------------------------------------------------------
+
+
+def test_client_versions_are_whole_version_strings() -> None:
+    """`client.versions` recorded {"confluent_kafka": "2"}: the first character of "2.16.1"."""
+    import importlib.metadata
+
+    import confluent_kafka
+
+    versions = client_versions()
+    assert versions["confluent_kafka"] == importlib.metadata.version("confluent-kafka")
+    assert versions["confluent_kafka"].count(".") >= 2  # major.minor.patch, never one digit
+    assert versions["librdkafka"] == confluent_kafka.libversion()[0]
+
 
 # --- bounds ----------------------------------------------------------------------------------
 
