@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from codeclog.vocoder.flow.config import FlowConfig
 from codeclog.vocoder.flow.dit import DiT
+from codeclog.vocoder.flow.rows import ChunkRows
 from codeclog.vocoder.kernels import portable_active
 
 
@@ -115,39 +116,43 @@ class ConditionalFlowMatching(nn.Module):
         frames = mu.shape[2]
         z = self.noise_slice(offset, frames) * 1.0  # upstream: * temperature (1.0)
         x = z.expand(mu.shape[0], -1, -1)
-        t_span = cosine_t_span(self.config.n_timesteps, mu)
-        return self._solve_euler(x, t_span, mu, spks, cond, cnn_cache, att_cache)
+        return self.solve(x, mu, spks, cond, cnn_cache, att_cache)
 
-    def _solve_euler(
+    def solve(
         self,
         x: Tensor,
-        t_span: Tensor,
         mu: Tensor,
         spks: Tensor,
         cond: Tensor,
         cnn_cache: Tensor | None,
         att_cache: Tensor | None,
+        rows: ChunkRows | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
+        """The Euler solve from the noise x (B, mel, F) over the cosine schedule, classifier-free
+        guided; `rows`: a ragged batch's key mask and row ends over the 2B estimator rows (the
+        caller pads and cuts the caches; vocoder.flow.ragged). Returns forward_chunk's triple."""
+        t_span = cosine_t_span(self.config.n_timesteps, mu)
         rate = self.config.inference_cfg_rate
-        rows, frames = 2 * mu.shape[0], mu.shape[2]
+        count, frames = 2 * mu.shape[0], mu.shape[2]
         cached = att_cache.shape[4] if att_cache is not None else 0
         t, dt = t_span[0].unsqueeze(dim=0), t_span[1] - t_span[0]
         mu_in = torch.cat([mu, torch.zeros_like(mu)], dim=0)
         spks_in = torch.cat([spks, torch.zeros_like(spks)], dim=0)
         cond_in = torch.cat([cond, torch.zeros_like(cond)], dim=0)
         steps = len(t_span) - 1
-        new_att = mu.new_empty((steps, *self.estimator.att_cache_shape(rows, frames + cached)))
+        new_att = mu.new_empty((steps, *self.estimator.att_cache_shape(count, frames + cached)))
         new_cnn = []
         for step in range(1, steps + 1):
             dphi_dt, step_cnn = self.estimator.forward_chunk(
                 torch.cat([x, x], dim=0),
                 mu_in,
-                t.expand(rows),
+                t.expand(count),
                 spks_in,
                 cond_in,
                 cnn_cache[step - 1] if cnn_cache is not None else None,
                 att_cache[step - 1] if att_cache is not None else None,
                 new_att[step - 1],
+                rows,
             )
             new_cnn.append(step_cnn)
             dphi_dt, cfg_dphi_dt = dphi_dt.chunk(2, dim=0)

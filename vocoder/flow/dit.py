@@ -8,6 +8,9 @@ Caches (N = rows = 2 x requests, [cond x B | uncond x B]):
 - cnn cache (depth, N, 2 * hidden, 2): the last 2 inputs of both causal convs of each block;
 - attention cache (depth, N, heads, T, 2 * head_dim), keys then values on the last axis, NEWEST
   frame block first: upstream concatenates [this chunk, cache], not [cache, this chunk].
+
+Given `ChunkRows` (vocoder.flow.rows), the same blocks run a ragged batch: chunk and cache
+right-padded per row, pad keys masked, each row's conv caches cut at its own last frame.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from codeclog.vocoder.flow.config import FlowConfig
+from codeclog.vocoder.flow.rows import ChunkRows, cut_context
 from codeclog.vocoder.flow.stable import StableConv1d, StableLinear, attend, layer_norm
 
 CONV_KERNEL = 3
@@ -50,16 +54,19 @@ class DiTAttention(nn.Module):
         rows, frames, width = x.shape
         return x.reshape(rows, frames, self.num_heads, width // self.num_heads).transpose(1, 2)
 
-    def forward_chunk(self, x: Tensor, cache: Tensor | None, out_cache: Tensor) -> Tensor:
+    def forward_chunk(
+        self, x: Tensor, cache: Tensor | None, out_cache: Tensor, keys: Tensor | None = None
+    ) -> Tensor:
         """x (N, F, dim); cache (N, H, T, 2 hd) or None; out_cache (N, H, F + T, 2 hd) is
-        filled with the new cache [this chunk, cache]."""
+        filled with the new cache [this chunk, cache]; keys (N, F + T): the real keys of a
+        ragged batch (None: all)."""
         frames = x.shape[1]
         q = self.q_norm(self._heads(self.to_q(x)))
         out_cache[:, :, :frames, : self.head_dim] = self.k_norm(self._heads(self.to_k(x)))
         out_cache[:, :, :frames, self.head_dim :] = self._heads(self.to_v(x))
         if cache is not None:
             out_cache[:, :, frames:] = cache
-        y = attend(q, out_cache[..., : self.head_dim], out_cache[..., self.head_dim :])
+        y = attend(q, out_cache[..., : self.head_dim], out_cache[..., self.head_dim :], keys)
         return self.proj(y.transpose(1, 2).reshape(x.shape[0], frames, -1))
 
 
@@ -90,17 +97,20 @@ class CausalConvBlock(nn.Module):
             [nn.Identity(), conv1, nn.Identity(), norm, nn.Identity(), nn.Identity(), conv2]
         )
 
-    def forward_chunk(self, x: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor]:
-        """x (N, F, C); cache (N, 2C, 2) or None -> (N, F, C), new cache (N, 2C, 2)."""
+    def forward_chunk(
+        self, x: Tensor, cache: Tensor | None, ends: tuple[int, ...] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """x (N, F, C); cache (N, 2C, 2) or None -> (N, F, C), new cache (N, 2C, 2), cut at
+        each row's `ends` in a ragged batch (None: at F)."""
         if cache is None:
             cache = x.new_zeros((x.shape[0], 2 * self.channels, CONV_CONTEXT))
         cache1, cache2 = cache.split((self.channels, self.channels), dim=1)
         h = torch.cat([cache1, x.transpose(1, 2)], dim=2)
-        new1 = h[..., -CONV_CONTEXT:]
+        new1 = cut_context(h, CONV_CONTEXT, ends)
         h = self.block[1](h).transpose(1, 2)
         h = F.mish(self.block[3](h)).transpose(1, 2)
         h = torch.cat([cache2, h], dim=2)
-        new2 = h[..., -CONV_CONTEXT:]
+        new2 = cut_context(h, CONV_CONTEXT, ends)
         return self.block[6](h).transpose(1, 2), torch.cat((new1, new2), dim=1)
 
 
@@ -125,16 +135,22 @@ class DiTBlock(nn.Module):
         cnn_cache: Tensor | None,
         att_cache: Tensor | None,
         att_out: Tensor,
+        rows: ChunkRows | None = None,
     ) -> tuple[Tensor, Tensor]:
         modulation = self.adaLN_modulation(c).chunk(9, dim=-1)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation[:6]
         shift_conv, scale_conv, gate_conv = modulation[6:]
         x_att = self.attn.forward_chunk(
-            modulate(self.norm1(x), shift_msa, scale_msa), att_cache, att_out
+            modulate(self.norm1(x), shift_msa, scale_msa),
+            att_cache,
+            att_out,
+            rows.keys if rows is not None else None,
         )
         x = x + gate_msa * x_att
         x_conv, new_cnn = self.conv.forward_chunk(
-            modulate(self.norm3(x), shift_conv, scale_conv), cnn_cache
+            modulate(self.norm3(x), shift_conv, scale_conv),
+            cnn_cache,
+            rows.ends if rows is not None else None,
         )
         x = x + gate_conv * x_conv
         x = x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
@@ -199,10 +215,12 @@ class DiT(nn.Module):
         cnn_cache: Tensor | None,
         att_cache: Tensor | None,
         att_out: Tensor,
+        rows: ChunkRows | None = None,
     ) -> tuple[Tensor, Tensor]:
         """x, mu, cond (N, mel, F); t (N,); spks (N, mel) -> (N, mel, F), new cnn cache.
 
-        att_out (depth, N, H, F + T, 2 hd) receives the new attention caches.
+        att_out (depth, N, H, F + T, 2 hd) receives the new attention caches; `rows`: a ragged
+        batch's key mask and row ends (None: equal rows).
         """
         c = self.t_embedder(t).unsqueeze(1)
         frames = x.shape[2]
@@ -217,6 +235,7 @@ class DiT(nn.Module):
                 cnn_cache[index] if cnn_cache is not None else None,
                 att_cache[index] if att_cache is not None else None,
                 att_out[index],
+                rows,
             )
             new_cnn.append(block_cnn)
         return self.final_layer(h, c).transpose(1, 2), torch.stack(new_cnn, dim=0)

@@ -3,6 +3,8 @@
 Module and parameter names follow `stepaudio2.cosyvoice2.transformer.upsample_encoder_v2` so the
 published `flow.pt` loads with strict=True. The arithmetic follows upstream operation by
 operation; linears and convolutions go through the batch-invariant kernels of `stable`.
+`encode` also runs a ragged batch (rows of other lengths, vocoder.flow.rows): the same layers,
+with key masks and per-row cache cuts.
 
 Caches (batch axis B; the per-request state drops it):
 - cnn cache (B, C, 2 + 2 * stride): 2 frames of left context for the pre-lookahead conv2, then
@@ -14,6 +16,7 @@ Caches (batch axis B; the per-request state drops it):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -21,11 +24,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from codeclog.vocoder.flow.config import FlowConfig
+from codeclog.vocoder.flow.rows import EncoderRows, cut_context
 from codeclog.vocoder.flow.stable import (
     StableConv1d,
     StableLinear,
     layer_norm,
     parameter,
+    softmax_keys,
     stable_matmul,
 )
 
@@ -78,8 +83,11 @@ class RelPositionAttention(nn.Module):
     def _heads(self, x: Tensor) -> Tensor:
         return x.view(x.shape[0], -1, self.h, self.d_k)  # (B, T, H, d_k)
 
-    def forward(self, x: Tensor, pos_emb: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor]:
-        """x (B, T, C), pos_emb (1, 2 * (Tc + T) - 1, C), cache (B, H, Tc, 2 d_k) or None."""
+    def forward(
+        self, x: Tensor, pos_emb: Tensor, cache: Tensor | None, keys: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """x (B, T, C), pos_emb (1, 2 * (Tc + T) - 1, C), cache (B, H, Tc, 2 d_k) or None;
+        keys (B, Tc + T): the real keys of a ragged batch (None: all)."""
         q = self._heads(self.linear_q(x))
         k = self._heads(self.linear_k(x)).transpose(1, 2)
         v = self._heads(self.linear_v(x)).transpose(1, 2)
@@ -95,8 +103,7 @@ class RelPositionAttention(nn.Module):
         matrix_bd = stable_matmul(q_v, p.transpose(-2, -1).expand(q_v.shape[0], -1, -1, -1))
         if matrix_ac.shape != matrix_bd.shape:
             matrix_bd = rel_shift(matrix_bd)
-        scores = (matrix_ac + matrix_bd) / math.sqrt(self.d_k)
-        attn = torch.softmax(scores, dim=-1)
+        attn = softmax_keys((matrix_ac + matrix_bd) / math.sqrt(self.d_k), keys)
         out = stable_matmul(attn, v)  # (B, H, T, d_k)
         out = out.transpose(1, 2).contiguous().view(x.shape[0], -1, self.h * self.d_k)
         return self.linear_out(out), new_cache
@@ -132,8 +139,10 @@ class ConformerLayer(nn.Module):
         self.norm_ff = layer_norm(size, eps=1e-12)
         self.norm_mha = layer_norm(size, eps=1e-12)
 
-    def forward(self, x: Tensor, pos_emb: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor]:
-        x_att, new_cache = self.self_attn(self.norm_mha(x), pos_emb, cache)
+    def forward(
+        self, x: Tensor, pos_emb: Tensor, cache: Tensor | None, keys: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        x_att, new_cache = self.self_attn(self.norm_mha(x), pos_emb, cache, keys)
         x = x + x_att
         x = x + self.feed_forward(self.norm_ff(x))
         return x, new_cache
@@ -148,8 +157,11 @@ class PreLookaheadLayer(nn.Module):
         self.conv1 = StableConv1d(channels, channels, pre_lookahead_len + 1)
         self.conv2 = StableConv1d(channels, channels, CONV2_CONTEXT + 1)
 
-    def forward_chunk(self, inputs: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor]:
-        """inputs (B, T, C) with the lookahead at the end -> (B, T - lookahead, C)."""
+    def forward_chunk(
+        self, inputs: Tensor, cache: Tensor | None, ends: list[int] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """inputs (B, T, C) with the lookahead at the end -> (B, T - lookahead, C); `ends`:
+        each row's new frames in a ragged batch (None: all rows end together)."""
         outputs = F.leaky_relu(self.conv1(inputs.transpose(1, 2).contiguous()))
         if cache is None:
             cache = outputs.new_zeros(outputs.shape[0], outputs.shape[1], CONV2_CONTEXT)
@@ -157,7 +169,7 @@ class PreLookaheadLayer(nn.Module):
         # Upstream keeps `conv1_out[..., -2:]`; taking the tail after the concat is the same
         # whenever the chunk has >= 2 fresh frames and stays correct for a 1-frame chunk, which
         # upstream cannot continue from (its next call fails the cache-shape assertion).
-        new_cache = outputs[..., -CONV2_CONTEXT:]
+        new_cache = cut_context(outputs, CONV2_CONTEXT, ends)
         outputs = self.conv2(outputs).transpose(1, 2).contiguous()
         return outputs + inputs[:, : -self.pre_lookahead_len], new_cache
 
@@ -170,13 +182,15 @@ class Upsample1D(nn.Module):
         self.stride = stride
         self.conv = StableConv1d(channels, channels, stride * 2 + 1)
 
-    def forward_chunk(self, inputs: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor]:
-        """inputs (B, C, T) -> (B, C, stride * T)."""
+    def forward_chunk(
+        self, inputs: Tensor, cache: Tensor | None, ends: list[int] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """inputs (B, C, T) -> (B, C, stride * T); `ends` as PreLookaheadLayer's, in outputs."""
         outputs = F.interpolate(inputs, scale_factor=float(self.stride), mode="nearest")
         if cache is None:
             cache = inputs.new_zeros(inputs.shape[0], inputs.shape[1], self.stride * 2)
         outputs = torch.cat([cache, outputs], dim=2)
-        return self.conv(outputs), outputs[..., -self.stride * 2 :]
+        return self.conv(outputs), cut_context(outputs, self.stride * 2, ends)
 
 
 class UpsampleConformerEncoderV2(nn.Module):
@@ -223,30 +237,68 @@ class UpsampleConformerEncoderV2(nn.Module):
         T' = T - lookahead (the lookahead is right context only), or T on the last chunk, whose
         lookahead is zero-padded.
         """
+        out = self.encode(xs, last_chunk, cnn_cache, att_cache)
+        return out.h, out.cnn, pack_att_caches(out.token_att, out.mel_att, self.config)
+
+    def encode(
+        self,
+        xs: Tensor,
+        last_chunk: bool,
+        cnn_cache: Tensor | None,
+        att_cache: Tensor | None,
+        rows: EncoderRows | None = None,
+    ) -> Encoded:
+        """forward_chunk's computation, the new attention caches still per layer. With `rows`
+        a ragged batch: xs right-padded; att_cache (L, B, H, ratio * top, 2 d_k) left-padded
+        per row, the token-rate layers' token caches in their first `top` frames; pad keys
+        masked; the cnn caches cut at each row's end (the attention caches are the caller's)."""
         n_token_layers = len(self.encoders)
         ratio = self.config.token_mel_ratio
         offset = att_cache.shape[3] // ratio if att_cache is not None else 0  # in tokens
         xs = self.embed(xs)
+        if rows is not None:
+            xs = xs * rows.id_mask(xs.shape[1], last_chunk, self.config.pre_lookahead_len, xs)
         if last_chunk:
             xs = F.pad(xs, (0, 0, 0, self.config.pre_lookahead_len))
         cache1 = cnn_cache[:, :, :CONV2_CONTEXT] if cnn_cache is not None else None
-        xs, new_cnn1 = self.pre_lookahead_layer.forward_chunk(xs, cache1)
+        ends = rows.ends(1) if rows is not None else None
+        xs, new_cnn1 = self.pre_lookahead_layer.forward_chunk(xs, cache1, ends)
         pos_emb = self.position_encoding(offset + xs.shape[1])
+        keys = rows.keys(1, xs.shape[1], xs.device) if rows is not None else None
         token_caches = []
         for idx, layer in enumerate(self.encoders):
             cache = att_cache[idx, :, :, :offset] if att_cache is not None else None
-            xs, new_cache = layer(xs, pos_emb, cache)
+            xs, new_cache = layer(xs, pos_emb, cache, keys)
             token_caches.append(new_cache)
         cache2 = cnn_cache[:, :, CONV2_CONTEXT:] if cnn_cache is not None else None
-        up, new_cnn2 = self.up_layer.forward_chunk(xs.transpose(1, 2).contiguous(), cache2)
+        ends = rows.ends(ratio) if rows is not None else None
+        up, new_cnn2 = self.up_layer.forward_chunk(xs.transpose(1, 2).contiguous(), cache2, ends)
         xs = self.up_embed(up.transpose(1, 2).contiguous())
         pos_emb = self.position_encoding(offset * ratio + xs.shape[1])
+        keys = rows.keys(ratio, xs.shape[1], xs.device) if rows is not None else None
         mel_caches = []
         for idx, layer in enumerate(self.up_encoders):
             cache = att_cache[n_token_layers + idx] if att_cache is not None else None
-            xs, new_cache = layer(xs, pos_emb, cache)
+            xs, new_cache = layer(xs, pos_emb, cache, keys)
             mel_caches.append(new_cache)
-        xs = self.after_norm(xs)
-        token_stack = torch.stack(token_caches, dim=0).repeat(1, 1, 1, ratio, 1)
-        new_att = torch.cat([token_stack, torch.stack(mel_caches, dim=0)], dim=0)
-        return xs, torch.cat([new_cnn1, new_cnn2], dim=2), new_att
+        cnn = torch.cat([new_cnn1, new_cnn2], dim=2)
+        return Encoded(self.after_norm(xs), cnn, token_caches, mel_caches)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Encoded:
+    """The encoder's output h (B, ratio * T', C), its new cnn cache (B, C, 2 + 2 ratio) and the
+    new attention cache of every token-rate and of every mel-rate layer, (B, H, T, 2 d_k)."""
+
+    h: Tensor
+    cnn: Tensor
+    token_att: list[Tensor]
+    mel_att: list[Tensor]
+
+
+def pack_att_caches(token: list[Tensor], mel: list[Tensor], config: FlowConfig) -> Tensor:
+    """Layer caches (..., T, 2 d_k) stacked into the state's layout (L, ..., T, 2 d_k): the
+    token-rate layers first, each repeated x ratio along T ([cache, cache]) to the mel length."""
+    tokens = torch.stack(token, dim=0)
+    tiling = [1] * (tokens.dim() - 2) + [config.token_mel_ratio, 1]
+    return torch.cat([tokens.repeat(*tiling), torch.stack(mel, dim=0)], dim=0)

@@ -95,8 +95,17 @@ def stable_matmul(a: Tensor, b: Tensor) -> Tensor:
     return torch.matmul(a.contiguous(), b.contiguous())[..., :rows, :cols]
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Unmasked scaled dot-product attention, (..., Tq, D) x (..., Tk, D) -> (..., Tq, D)."""
+def softmax_keys(scores: Tensor, keys: Tensor | None) -> Tensor:
+    """softmax over the last axis of (B, H, Tq, Tk) scores; with a (B, Tk) key mask (a ragged
+    batch, vocoder.flow.rows) the masked keys get no weight."""
+    if keys is not None:
+        scores = scores.masked_fill(~keys[:, None, None, :], float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, keys: Tensor | None = None) -> Tensor:
+    """Scaled dot-product attention, (..., Tq, D) x (..., Tk, D) -> (..., Tq, D), unmasked
+    unless a (B, Tk) key mask is given."""
     scores = stable_matmul(q, k.transpose(-2, -1))
-    weights = torch.softmax(scores * (1.0 / math.sqrt(q.shape[-1])), dim=-1)
+    weights = softmax_keys(scores * (1.0 / math.sqrt(q.shape[-1])), keys)
     return stable_matmul(weights, v)

@@ -173,19 +173,21 @@ class BatchCaches:
 
 
 def stack_states(states: Sequence[FlowState], device: torch.device) -> BatchCaches:
-    def cfg_rows(name: str) -> Tensor:
-        rows = [_tensor(s, name).to(device) for s in states]
-        if len(rows) == 1:
-            return rows[0]
-        return torch.cat([r[:, :, 0:1] for r in rows] + [r[:, :, 1:2] for r in rows], dim=2)
-
     return BatchCaches(
         conformer_cnn=torch.stack([s.conformer_cnn_cache.to(device) for s in states]),
         conformer_att=torch.stack([s.conformer_att_cache.to(device) for s in states], dim=1),
-        estimator_cnn=cfg_rows("estimator_cnn_cache"),
-        estimator_att=cfg_rows("estimator_att_cache"),
+        estimator_cnn=cfg_rows([s.estimator_cnn_cache.to(device) for s in states]),
+        estimator_att=cfg_rows([s.estimator_att_cache.to(device) for s in states]),
         spk=torch.stack([s.spk.to(device) for s in states]),
     )
+
+
+def cfg_rows(rows: Sequence[Tensor]) -> Tensor:
+    """B estimator caches (n_t, depth, 2, ...) as the solver's (n_t, depth, 2B, ...) rows,
+    [cond x B | uncond x B]."""
+    if len(rows) == 1:
+        return rows[0]
+    return torch.cat([r[:, :, 0:1] for r in rows] + [r[:, :, 1:2] for r in rows], dim=2)
 
 
 def split_caches(
