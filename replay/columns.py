@@ -39,7 +39,6 @@ from codeclog.replay.errors import CaptureFormatError
 from codeclog.schemas.columnar import (
     Bools,
     Bytes,
-    Column,
     Int64s,
     Walk,
     blobs,
@@ -111,10 +110,6 @@ class CaptureTable(Sequence[CapturedRecord]):
         """Each record's key (None for a record without one), in log order; `rows`: only
         those records."""
         return blobs(take(self._columns["key"], rows), self.data)
-
-    def key_column(self, rows: slice | Int64s = slice(None)) -> Column:
-        """The key of each record (a nullable bytes column: spans in `data`), in log order."""
-        return take(self._columns["key"], rows)
 
     def value_spans(self) -> tuple[Int64s, Int64s, Bools]:
         """(start, end, present) of each record's value in `data`, in log order."""

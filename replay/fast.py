@@ -4,11 +4,10 @@ Without a vocoder, what `AudioPipeline.step` does with a record is: wire-decode 
 or a record that is not an event is an `undecodable_record` dead letter), check its key against
 the request id (`key_mismatch`), fold it into its partition's state (one state for every
 partition under strict) and add the outcomes to the report; each reject is a dead letter. The
-decode windows only count, the vocoder rounds do nothing. This module does exactly that: under
-the tolerant policy the plain requests are reported straight from the columns (`replay.lanes`)
-and only the other records are decoded in bulk (`schemas.columnar`) and folded; under strict
-every record is. `replay.runner.replay` gives the same report and dead-letter reasons either way
-(tests/replay/test_replay_fast.py and test_replay_lanes.py run both).
+decode windows only count, the vocoder rounds do nothing. This module does exactly that, with
+the fold's own `fold` and `ReportBuilder`; only the values are decoded differently: in bulk
+(`schemas.columnar`, equal to `wire.decode` of each). `replay.runner.replay` gives the same
+report and dead-letter reasons either way (tests/replay/test_replay_fast.py runs both).
 """
 
 from __future__ import annotations
@@ -25,14 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from codeclog.consumers.fold.machine import FoldConfig, FoldState, Policy, fold, new_state
+from codeclog.consumers.fold.machine import FoldConfig, Policy, fold, new_state
 from codeclog.consumers.fold.outcomes import Reject, RejectReason
 from codeclog.consumers.fold.report import ReportBuilder
 from codeclog.consumers.pipeline import KEY_MISMATCH, MISSING_KEY
 from codeclog.cores import one_per_core
 from codeclog.replay.columns import CaptureTable
-from codeclog.replay.lanes import plain_lane
-from codeclog.schemas.columnar import Bools, Int64s, decode_spans
+from codeclog.schemas.columnar import decode_spans
 from codeclog.schemas.records import CodecChunk, ControlEvent
 
 UNDECODABLE = RejectReason.UNDECODABLE_RECORD.value
@@ -82,67 +80,17 @@ def _replay_range(
     lo: int,
     hi: int,
 ) -> Part:
-    """Replay rows [lo, hi) of the table in this process: tolerant, plain requests are reported
-    from the columns (replay.lanes) and the fold replays the rest; strict, the fold does all."""
+    """Replay rows [lo, hi) of the table in this process: the values decoded in bulk, then
+    every event folded by the fold itself. The decoded events are freed before the collector
+    resumes (it would otherwise scan them all once more)."""
     with collector_paused():
-        starts, ends, present = table.value_spans()
-        spans = (starts[lo:hi], ends[lo:hi], present[lo:hi])
-        if config.policy is Policy.TOLERANT and not _cap_can_bind(table, config, lo, hi):
-            return _replay_lanes(table, spans, config, step_records, progress, lo)
-        events = decode_spans(table.data, table.buffer, *spans)
-        rows = np.arange(lo, hi, dtype=np.int64)
-        report, dead, _ = _fold_rows(table, events, rows, config, step_records, progress)
-        return report, dead
+        return _fold_rows(table, _decoded(table, lo, hi), lo, config, step_records, progress)
 
 
-def _cap_can_bind(table: CaptureTable, config: FoldConfig, lo: int, hi: int) -> bool:
-    """Whether the open-stream cap (rule C1a) could evict in rows [lo, hi): a partition with
-    more record keys than the cap (every folded event's request id is its key). The plain lane
-    does not apply the cap, so then the fold replays every row."""
-    cap = config.max_open_streams
-    if cap is None:
-        return False
-    keys: dict[int, set[bytes | None]] = {}
-    for partition, key in zip(
-        table.partitions[lo:hi].tolist(), table.keys(slice(lo, hi)), strict=True
-    ):
-        keys.setdefault(partition, set()).add(key)
-    return any(len(found) > cap for found in keys.values())
-
-
-def _replay_lanes(
-    table: CaptureTable,
-    spans: tuple[Int64s, Int64s, Bools],
-    config: FoldConfig,
-    step_records: int,
-    progress: Progress | None,
-    lo: int,
-) -> Part:
-    hi = lo + len(spans[0])
-    lane = plain_lane(
-        table.data,
-        table.buffer,
-        spans,
-        table.key_column(slice(lo, hi)),
-        table.partitions[lo:hi],
-        config,
-    )
-    fallback = lane.fallback
-    todo = np.array([row for row in fallback.tolist() if row not in lane.decoded], dtype=np.int64)
-    decoded = dict(lane.decoded)
-    if len(todo):
-        starts, ends, present = spans
-        values = decode_spans(table.data, table.buffer, starts[todo], ends[todo], present[todo])
-        decoded.update(zip(todo.tolist(), values, strict=True))
-    events = [decoded[row] for row in fallback.tolist()]
-    done = (lambda count: progress(lane.events + count)) if progress is not None else None
-    report, dead, firsts = _fold_rows(table, events, fallback + lo, config, step_records, done)
-    if progress is not None and not len(fallback):
-        progress(hi - lo)
-    firsts = {rid: row - lo for rid, row in firsts.items()} | lane.first_rows
-    entries = lane.entries | report["requests"]
-    requests = {rid: entries[rid] for rid in sorted(entries, key=firsts.__getitem__)}
-    return {**report, "events": report["events"] + lane.events, "requests": requests}, dead
+def _decoded(table: CaptureTable, lo: int, hi: int) -> list[Any]:
+    """The values of rows [lo, hi), each a record or the DecodeError `wire.decode` raises."""
+    starts, ends, present = table.value_spans()
+    return decode_spans(table.data, table.buffer, starts[lo:hi], ends[lo:hi], present[lo:hi])
 
 
 def _partition_ranges(partitions: Sequence[int], workers: int) -> list[tuple[int, int]]:
@@ -262,44 +210,45 @@ def collector_paused() -> Iterator[None]:
 def _fold_rows(
     table: CaptureTable,
     events: Sequence[Any],
-    rows: Int64s,
+    lo: int,
     config: FoldConfig,
     step_records: int,
     progress: Progress | None,
-) -> tuple[dict[str, Any], Counter[str], dict[str, int]]:
-    """Fold `events`, the decoded values of table rows `rows` (ascending). Also returns the
-    row of each reported request's first event."""
+) -> Part:
+    """What `AudioPipeline.step` does without a vocoder with `events`, the decoded values of
+    table rows lo, lo + 1, ...: dead-letter what is not an event or not under its key, fold the
+    rest into its partition's state (one state for all under strict) and report it."""
     builder = ReportBuilder(config.policy)
-    states: dict[int, FoldState] = {}
-    per_partition = config.policy is Policy.TOLERANT
-    partitions = table.partitions[rows].tolist() if per_partition else [0] * len(events)
-    keys = table.keys(rows)
-    numbers = rows.tolist()
-    firsts: dict[str, int] = {}
+    keys = table.keys(slice(lo, lo + len(events)))
     dead: Counter[str] = Counter()
-    for start in range(0, len(events), step_records):
-        stop = min(start + step_records, len(events))
-        for index in range(start, stop):
-            event = events[index]
-            if type(event) is not CodecChunk and type(event) is not ControlEvent:
-                dead[UNDECODABLE] += 1
-                continue
-            key = keys[index]
-            if key is None and event.request_id:
-                dead[MISSING_KEY] += 1
-                continue
-            if key is not None and key != event.request_id.encode():
-                dead[KEY_MISMATCH] += 1
-                continue
-            state = states.get(partitions[index])
-            if state is None:
-                state = states[partitions[index]] = new_state(config)
-            _, outcomes = fold(state, event)
-            firsts.setdefault(event.request_id, numbers[index])
-            builder.add(event, outcomes)
-            for outcome in outcomes:
-                if type(outcome) is Reject:
-                    dead[outcome.reason.value] += 1
-        if progress is not None:
-            progress(stop)
-    return builder.result(), dead, firsts
+    state = new_state(config)
+    for first, end in _state_runs(table, config, lo, lo + len(events)):
+        if config.policy is Policy.TOLERANT:
+            state = new_state(config)  # the table is in partition order: one run each
+        for start in range(first, end, step_records):
+            stop = min(start + step_records, end)
+            for event, key in zip(events[start:stop], keys[start:stop], strict=True):
+                if type(event) is not CodecChunk and type(event) is not ControlEvent:
+                    dead[UNDECODABLE] += 1
+                elif key is None and event.request_id:
+                    dead[MISSING_KEY] += 1
+                elif key is not None and key != event.request_id.encode():
+                    dead[KEY_MISMATCH] += 1
+                else:
+                    _, outcomes = fold(state, event)
+                    builder.add(event, outcomes)
+                    for outcome in outcomes:
+                        if type(outcome) is Reject:
+                            dead[outcome.reason.value] += 1
+            if progress is not None:
+                progress(stop)
+    return builder.result(), dead
+
+
+def _state_runs(table: CaptureTable, config: FoldConfig, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The runs [first, end) of rows lo..hi-1 (counted from lo) folded into one state: each
+    partition's under tolerant, all of them under strict."""
+    if config.policy is not Policy.TOLERANT:
+        return [(0, hi - lo)]
+    cuts = (np.flatnonzero(np.diff(table.partitions[lo:hi])) + 1).tolist()
+    return list(itertools.pairwise([0, *cuts, hi - lo]))

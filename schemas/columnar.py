@@ -372,7 +372,7 @@ def decode_spans(
     """Decode the values data[starts[i]:ends[i]] (None where not `present`). `buffer` is
     `padded(data)`. Equal to `wire.decode` of each value, errors included."""
     results: list[Any] = [None] * len(starts)
-    for fingerprint, rows in by_target(buffer, starts, ends, present).items():
+    for fingerprint, rows in _by_target(buffer, starts, ends, present).items():
         target = targets()[fingerprint]
         ok = np.ones(len(rows), dtype=bool)
         walked = walk(target.plan, buffer, starts[rows] + wire.HEADER_BYTES, ends[rows], ok)
@@ -390,7 +390,7 @@ def _decode_one(value: bytes | None) -> Outcome:
         return exc
 
 
-def by_target(buffer: Bytes, starts: Int64s, ends: Int64s, present: Bools) -> dict[bytes, Int64s]:
+def _by_target(buffer: Bytes, starts: Int64s, ends: Int64s, present: Bools) -> dict[bytes, Int64s]:
     """Rows framed as SOE with the fingerprint of a walkable latest schema, by fingerprint."""
     framed = present & (ends - starts > wire.HEADER_BYTES)
     framed &= (buffer[starts] == wire.MARKER[0]) & (buffer[starts + 1] == wire.MARKER[1])
@@ -413,7 +413,7 @@ def _texts(column: Column, buffer: Bytes, data: bytes, ok: Bools) -> list[Any]:
     """A string column as str (None where null). A row that is not valid UTF-8 is marked not
     ok: `wire.decode` then reports it. Equal strings are one object (request ids repeat
     every chunk): decoded once, and their hash is computed once for the fold's lookups."""
-    rows, inverse = distinct(column, buffer)
+    rows, inverse = _distinct(column, buffer)
     values = blobs(take(column, rows), data)
     texts: list[Any] = []
     bad = []
@@ -431,7 +431,7 @@ def _texts(column: Column, buffer: Bytes, data: bytes, ok: Bools) -> list[Any]:
 _DISTINCT_WIDTH = 32  # longer strings are compared by the bytes objects themselves
 
 
-def distinct(column: Column, buffer: Bytes) -> tuple[Int64s, Int64s]:
+def _distinct(column: Column, buffer: Bytes) -> tuple[Int64s, Int64s]:
     """(a row of each distinct value, each row's index into those rows) of a string column."""
     assert column.lengths is not None
     count = len(column.values)

@@ -26,7 +26,7 @@ SAMPLES_PER_FRAME = 960
 
 def first_invalid_code(ids: tuple[int, ...]) -> int | None:
     """The index of the first id outside 0..MAX_CODEC_ID, None when all are codec ids: the
-    one range check of codeclog (the fold's T2a, the replay lanes use MAX_CODEC_ID likewise).
+    one range check of codeclog (the fold's T2a).
     min/max first: C loops, so a valid window costs no Python-level iteration."""
     if not ids or (min(ids) >= 0 and max(ids) <= MAX_CODEC_ID):
         return None

@@ -11,10 +11,14 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from codeclog.consumers.fold.machine import Policy
+from codeclog.consumers.stream_limit import LimitOptions
 from codeclog.replay import fast
 from codeclog.replay.capture_format import CapturedRecord, RecordHeader, read_capture
 from codeclog.replay.columns import read_table
@@ -24,9 +28,15 @@ from codeclog.replay.runner import ReplayOptions, replay, report_json
 from codeclog.replay.scenario import read_scenario
 from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
 from codeclog.schemas import wire
-from codeclog.schemas.records import AudioChunk, CodecChunk, ControlEvent
-from codeclog.testing.upstream_streams import realistic_events
+from codeclog.schemas.records import AudioChunk, CodecChunk, ControlEvent, ControlKind
+from codeclog.testing.upstream_streams import (
+    StreamShape,
+    interleave,
+    realistic_events,
+    session_stream,
+)
 
+Event = CodecChunk | ControlEvent
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "data" / "scenarios").glob("*.jsonl"))
 
 
@@ -159,6 +169,141 @@ def test_equal_positions_keep_their_file_order(tmp_path: Path) -> None:
     doubled = [records[0], *records]  # a record captured twice: the same (partition, offset)
     doubled[1] = dataclasses.replace(doubled[1], key=b"other")
     assert_same_replay(_write(tmp_path, doubled, 1, "doubled.ocf"))
+
+
+# -- perturbed streams, with and without the open-stream cap ------------------------------------
+
+
+def _shape(rng: random.Random) -> StreamShape:
+    """Small windows, so that holds, merges and every left context happen."""
+    return StreamShape(
+        chunk_frames=rng.randint(1, 6),
+        left_context_frames=rng.choice([0, 0, 1, 3]),
+        initial_frames=rng.randint(1, 6),
+        preroll=rng.random() < 0.5,
+        min_unit_frames=rng.randint(0, 3),
+    )
+
+
+def _perturb(rng: random.Random, stream: list[Event]) -> list[Event]:
+    """One random change a real log can carry (or none)."""
+    if not stream:
+        return stream
+    out = list(stream)
+    at = rng.randrange(len(out))
+    chunk = out[at]
+    kind = rng.randrange(14)
+    if kind == 0:  # a redelivery, later
+        out.insert(rng.randint(at + 1, len(out)), chunk)
+    elif kind == 1 and len(out) > 1:  # a lost chunk
+        del out[at]
+    elif kind == 2 and at + 1 < len(out):  # two chunks swapped
+        out[at], out[at + 1] = out[at + 1], out[at]
+    elif kind == 3 and isinstance(chunk, CodecChunk):  # the epoch cut here: the next one starts
+        rest = [e for e in out[at:] if getattr(e, "cache_epoch", None) != chunk.cache_epoch]
+        out = out[:at] + rest  # while this one is open (abandoning held frames)
+    elif kind == 4 and isinstance(chunk, CodecChunk):  # an empty non-final chunk
+        empty = dataclasses.replace(chunk, code_flat_numel=0, last_chunk=False)
+        out[at] = dataclasses.replace(empty, tts_is_last_chunk=False)
+    elif kind == 5 and isinstance(chunk, CodecChunk) and chunk.codes:  # an invalid id
+        out[at] = dataclasses.replace(chunk, codes=(7000, *chunk.codes[1:]))
+    elif kind == 6 and isinstance(chunk, CodecChunk):  # a frame count beyond the codes
+        out[at] = dataclasses.replace(chunk, code_flat_numel=len(chunk.codes) + 1)
+    elif kind == 7 and isinstance(chunk, CodecChunk):  # a stale epoch
+        out.insert(at, dataclasses.replace(chunk, cache_epoch=chunk.cache_epoch - 1))
+    elif kind == 8:
+        control = rng.choice(list(ControlKind))
+        out.insert(at, ControlEvent(chunk.request_id, control))
+    elif kind == 9 and isinstance(chunk, CodecChunk):  # no request id
+        out.insert(at, dataclasses.replace(chunk, request_id=""))
+    elif kind == 10 and isinstance(chunk, CodecChunk):  # a conflicting redelivery
+        out.insert(at + 1, dataclasses.replace(chunk, codes=(*chunk.codes, 1)))
+    elif kind == 11 and isinstance(chunk, CodecChunk):  # the frame count spelled out, or not
+        numel = None if chunk.code_flat_numel == len(chunk.codes) else chunk.code_flat_numel
+        out[at] = dataclasses.replace(chunk, code_flat_numel=numel)
+    return out
+
+
+def _events(seed: int, sessions: int, perturbed: float) -> list[Event]:
+    rng = random.Random(seed)
+    streams: list[list[Event]] = []
+    for index in range(sessions):
+        stream: list[Event] = list(session_stream(rng, f"r{index}", rng.randint(1, 3), _shape(rng)))
+        if rng.random() < 0.3:  # an open stream at the end of the capture
+            stream = stream[: rng.randint(1, len(stream))]
+        while rng.random() < perturbed:
+            stream = _perturb(rng, stream)
+        streams.append(stream)
+    return interleave(rng, streams)
+
+
+def _misplaced(seed: int, records: list[CapturedRecord], partitions: int) -> list[CapturedRecord]:
+    """A few records with another key, none, a torn value, or in another partition."""
+    rng = random.Random(seed)
+    records = list(records)
+    for index in rng.sample(range(len(records)), min(3, len(records))):
+        record = records[index]
+        choice = rng.randrange(4)
+        if choice == 0:
+            records[index] = dataclasses.replace(record, key=b"someone-else")
+        elif choice == 1:
+            records[index] = dataclasses.replace(record, key=None)
+        elif choice == 2 and record.value:
+            records[index] = dataclasses.replace(record, value=record.value[:-1])
+        else:  # the request's record lands in another partition
+            moved = (record.partition + 1) % partitions
+            records[index] = dataclasses.replace(record, partition=moved, offset=1000 + index)
+    return records
+
+
+def assert_same_for(path: Path, options: ReplayOptions) -> dict[str, Any]:
+    """The table path and the pipeline's path give the same report bytes; returns the report."""
+    source = load_input(path)
+    assert source.table is not None
+    fast_report = replay(source, options).report
+    assert report_json(fast_report) == report_json(replay(_pipeline_input(path), options).report)
+    return fast_report
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    sessions=st.integers(1, 12),
+    partitions=st.integers(1, 4),
+    perturbed=st.sampled_from([0.0, 0.3, 0.7]),
+    policy=st.sampled_from(list(Policy)),
+    cap=st.sampled_from([None, 1, 2, 3, 5]),
+)
+def test_perturbed_streams_replay_identically(
+    seed: int,
+    sessions: int,
+    partitions: int,
+    perturbed: float,
+    policy: Policy,
+    cap: int | None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Redeliveries, gaps, reordering, stale and reopened epochs, abandoned held frames, empty
+    non-final chunks, invalid ids and frame counts, control events, missing ids, key
+    mismatches, a request in two partitions, undecodable values; open streams at the end; and
+    an open-stream cap per partition (`--max-open-streams cap * partitions`) that evicts."""
+    events = _events(seed, sessions, perturbed)
+    records = records_from_events(events, partitions=partitions)
+    if perturbed:
+        records = _misplaced(seed, records, partitions)
+    path = _write(tmp_path_factory.mktemp("perturbed"), records, partitions, "c.ocf")
+    limits = LimitOptions() if cap is None else LimitOptions(cap * partitions)
+    assert_same_for(path, ReplayOptions(policy, workers=1, limits=limits))
+
+
+def test_the_cap_evicts_on_the_table_path_as_in_the_pipeline(tmp_path: Path) -> None:
+    """C1a: 30 sessions interleaved on 2 partitions, at most 2 open streams per partition."""
+    events = realistic_events(random.Random(12), sessions=30, turns=2)
+    path = _write(tmp_path, records_from_events(events, partitions=2), 2, "cap.ocf")
+    report = assert_same_for(path, ReplayOptions(workers=1, limits=LimitOptions(4)))
+    reasons = Counter(report["dead_letters"]["by_reason"])
+    assert reasons["evicted"] > 0
+    assert report["stream_limit"].startswith("at most 2 open streams per partition")
 
 
 # -- several processes --------------------------------------------------------------------------
