@@ -27,6 +27,7 @@ COMMANDS: tuple[str, ...] = (
     "codeclog.commands.capture",
     "codeclog.commands.replay",
     "codeclog.commands.diff",
+    "codeclog.commands.report",
     "codeclog.commands.lag",
     "codeclog.commands.demo",
 )

@@ -7,6 +7,7 @@ import re
 import wave
 from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from codeclog.replay.errors import ReplayError
 from codeclog.schemas.records import SAMPLE_RATE_HZ
@@ -24,8 +25,11 @@ def wav_name(request_id: str) -> str:
     return f"{safe or 'request'}-{digest}.wav"
 
 
-def write_wav(path: Path, pcm_s16le: bytes, sample_rate_hz: int = SAMPLE_RATE_HZ) -> None:
-    with wave.open(str(path), "wb") as out:
+def write_wav(
+    path: Path | BinaryIO, pcm_s16le: bytes, sample_rate_hz: int = SAMPLE_RATE_HZ
+) -> None:
+    """Write a WAV file at `path`, or into an open binary file (an in-memory buffer)."""
+    with wave.open(str(path) if isinstance(path, Path) else path, "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(2)
         out.setframerate(sample_rate_hz)
