@@ -4,8 +4,8 @@
 #   it is installed once, not once per checkout or CI run);
 # - codeclog itself in editable mode, with the dev extra whenever pyproject.toml changed;
 # - promtool and docker-compose (Debian packages) for validating the alert rules and compose
-#   file, and qemu-user for the cross-CPU determinism test, when running as root on Debian and
-#   they are missing.
+#   file, qemu-user for the cross-CPU determinism test, and chromium for opening `codeclog
+#   report` pages headless in the tests, when running as root on Debian and they are missing.
 # The Kafka jars are fetched by `codeclog broker fetch` (called by the test session / demo).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,13 +50,15 @@ command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 # qemu-user: the cross-CPU test decodes under emulated Intel and AMD CPUs (x86-64 hosts only)
 if [ "$(uname -m)" = x86_64 ]; then command -v qemu-x86_64 >/dev/null 2>&1 || missing+=(qemu-user); fi
+# chromium: the report tests open each page headless (tests/replay/test_report_browser.py)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing Debian packages: ${missing[*]}"
     apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
-    echo "bootstrap: warning: ${missing[*]} missing (promtool / docker-compose checks will be skipped)" >&2
+    echo "bootstrap: warning: ${missing[*]} missing (the tests that need them will be skipped)" >&2
   fi
 fi
 echo "$venv"
