@@ -4,7 +4,9 @@ It runs the real parts only: a Kafka broker started from the cached jars, the sy
 publishing in real time, `codeclog vocode` as a separate process (the tiny vocoder on CPU by
 default; a real checkpoint when CODECLOG_TOKEN2WAV_DIR is set; the GPU when present), the lag
 monitor sampling every second, and at the end `verify` (exactly once, byte-identical).
-Outputs in --out: one WAV per request, summary.json, latency_lag.png, vocode.log.
+Outputs in --out: one WAV per request, summary.json, latency_lag.png, vocode.log, and the
+capture of the chunk topic (chunks.ocf) with its incident report (report.html, `codeclog
+report`).
 """
 
 from __future__ import annotations
@@ -396,6 +398,7 @@ def run_demo(options: DemoOptions) -> int:
             talk, collector, sampler, cluster.config("replay"), topics, options, code
         )
         summary["secure"] = bool(cluster.role_files)
+        summary.update(_capture_and_report(cluster.config("replay"), topics, options.out_dir))
         if options.verify:
             summary["verify"] = _verify(cluster.config("replay"), topics_file, options)
     summary["elapsed_s"] = round(time.monotonic() - started, 1)
@@ -469,6 +472,30 @@ def _summarise(
     }
 
 
+def _capture_and_report(
+    reader: dict[str, Any], topics: TopicsConfig, out_dir: Path
+) -> dict[str, Any]:
+    """Capture the chunk topic the demo wrote and write its HTML report beside the plot."""
+    from codeclog.replay.capture import CaptureSpec, run_capture
+    from codeclog.replay.report.model import ReportOptions
+    from codeclog.replay.report.writer import write_report
+
+    capture = out_dir / "chunks.ocf"
+    summary = run_capture(
+        reader,
+        CaptureSpec(topic=topics.chunks),
+        capture,
+        clock_ms=lambda: time.time_ns() // 1_000_000,
+        monotonic=time.monotonic,
+    )
+    written = write_report([capture], out_dir / "report.html", ReportOptions())
+    _say(
+        f"[demo] captured {summary.records_written} records into {capture}; "
+        f"report {written.path} ({written.size_bytes / 1e6:.2f} MB)"
+    )
+    return {"capture": str(capture), "report": str(written.path)}
+
+
 def _verify(reader: dict[str, Any], topics_file: Path, options: DemoOptions) -> dict[str, Any]:
     from codeclog.consumers.verify import verify
     from codeclog.vocoder.engine import Code2WavEngine
@@ -518,6 +545,8 @@ def _report(summary: dict[str, Any], out_dir: Path) -> None:
     rows += [
         ("WAV files", summary["wav_dir"]),
         ("plot", summary["plot"] or "-"),
+        ("capture", summary["capture"]),
+        ("report", summary["report"]),
         ("elapsed", f"{summary['elapsed_s']} s"),
     ]
     width = max(len(name) for name, _ in rows)

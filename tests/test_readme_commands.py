@@ -50,3 +50,5 @@ def test_make_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "verify" in result.stdout and "exactly once, byte-identical" in result.stdout
     assert list((out / "wav").glob("*.wav")), "one WAV per request"
     assert (out / "summary.json").exists() and (out / "latency_lag.png").exists()
+    report = (out / "report.html").read_text()  # the incident report of the demo's capture
+    assert (out / "chunks.ocf").exists() and "codeclog incident report" in report
