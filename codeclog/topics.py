@@ -4,6 +4,11 @@ A topic that already exists is fine when it has at least the configured partitio
 right cleanup.policy; otherwise it is reported (never silently altered: repartitioning moves
 keys to other partitions and would break per-request ordering and replay).
 
+The chunk topic is created with message.timestamp.type=LogAppendTime: each record carries the
+time the broker appended it, so lag's time lag is measured on a clock the cluster owns, never
+on a talker's (a producer stamping 1 ms after the epoch showed 57 years of lag and paged). An
+existing chunk topic that keeps CreateTime is reported by `create`, not altered.
+
 New topics get a replication factor and min.insync.replicas chosen from the brokers the cluster
 metadata lists (`replication_for`): 3 and 2 on three brokers or more, 1 and 1 on one. Existing
 topics keep theirs; `create` reports what each has.
@@ -30,6 +35,8 @@ from codeclog.topics_config import TopicsConfig
 
 CLEANUP_POLICY = "cleanup.policy"
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
+TIMESTAMP_TYPE = "message.timestamp.type"
+LOG_APPEND_TIME = "LogAppendTime"
 POLL_INTERVAL_S = 0.1
 
 
@@ -65,6 +72,10 @@ class TopicSpec:
     partitions: int  # the minimum acceptable count
     cleanup_policy: CleanupPolicy
     role: str  # what the topic carries, for humans
+    settings: tuple[tuple[str, str], ...] = ()  # more topic configs a new topic gets
+
+    def setting(self, key: str) -> str | None:
+        return dict(self.settings).get(key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +85,8 @@ class TopicInfo:
     name: str
     partitions: int
     replication_factor: int
-    config: tuple[tuple[str, str], ...]  # cleanup.policy plus every non-default topic config
+    # cleanup.policy, min.insync.replicas, message.timestamp.type and every non-default config
+    config: tuple[tuple[str, str], ...]
 
     def config_value(self, key: str) -> str | None:
         return dict(self.config).get(key)
@@ -87,6 +99,7 @@ class TopicOutcome:
     replication_factor: int = 0  # what the topic has (0: not known)
     min_insync_replicas: int = 0  # the topic's min.insync.replicas (0: not known)
     brokers: int = 0  # how many brokers the cluster metadata listed
+    notes: tuple[str, ...] = ()  # an existing topic's settings that differ (setting_notes)
 
 
 def replication_for(brokers: int) -> tuple[int, int]:
@@ -100,12 +113,34 @@ def replication_for(brokers: int) -> tuple[int, int]:
 
 def topic_specs(topics: TopicsConfig) -> tuple[TopicSpec, ...]:
     delete, compact = CleanupPolicy.DELETE, CleanupPolicy.COMPACT
+    broker_time = ((TIMESTAMP_TYPE, LOG_APPEND_TIME),)  # time lag on the cluster's clock
     return (
-        TopicSpec(topics.chunks, topics.partitions, delete, "codec chunks and control events"),
+        TopicSpec(
+            topics.chunks,
+            topics.partitions,
+            delete,
+            "codec chunks and control events",
+            broker_time,
+        ),
         TopicSpec(topics.audio, topics.partitions, delete, "decoded audio chunks"),
         TopicSpec(topics.dlq, topics.dlq_partitions, delete, "dead letters"),
         TopicSpec(topics.progress, topics.partitions, compact, "per-request checkpoints"),
     )
+
+
+def setting_notes(spec: TopicSpec, info: TopicInfo) -> list[str]:
+    """What an existing topic lacks of the settings a new one gets: worth saying, not an error
+    (the settings can be changed in place; codeclog does not alter existing topics)."""
+    notes = []
+    for key, value in spec.settings:
+        found = info.config_value(key)
+        if found is not None and found != value:
+            notes.append(
+                f"topic {spec.name} keeps {key}={found} (new topics get "
+                f"{value}); set it with kafka-configs.sh --alter --entity-type topics "
+                f"--entity-name {spec.name} --add-config {key}={value}"
+            )
+    return notes
 
 
 def check_topic(spec: TopicSpec, info: TopicInfo) -> list[str]:
@@ -168,6 +203,7 @@ def create_topics(
                 info.replication_factor,
                 int(isr) if isr and isr.isdigit() else 0,
                 brokers,
+                tuple(setting_notes(spec, info)),
             )
         )
     return tuple(outcomes)
@@ -247,7 +283,7 @@ def _summarise_config(entries: Mapping[str, Any]) -> tuple[tuple[str, str], ...]
     chosen = {
         key: str(entry.value)
         for key, entry in entries.items()
-        if key in (CLEANUP_POLICY, MIN_INSYNC_REPLICAS) or not entry.is_default
+        if key in (CLEANUP_POLICY, MIN_INSYNC_REPLICAS, TIMESTAMP_TYPE) or not entry.is_default
     }
     return tuple(sorted(chosen.items()))
 
@@ -270,6 +306,7 @@ def _create(
             config={
                 CLEANUP_POLICY: spec.cleanup_policy.value,
                 MIN_INSYNC_REPLICAS: str(min_isr),
+                **dict(spec.settings),
             },
         )
         for spec in specs

@@ -33,6 +33,15 @@ time lag = now - that record's timestamp (clamped at 0). A caught-up partition h
 If the reader reaches the end without a visible record (only commit markers or aborted records
 are left) both time and audio lag are 0: nothing is waiting to be vocoded.
 
+Whose clock: the record's Kafka timestamp, never the payload's produced_at_ms. On a chunk topic
+made by `codeclog topics create` (message.timestamp.type=LogAppendTime) it is the time the
+broker appended the record: a clock the cluster owns. On a topic that keeps CreateTime it is
+the producer's clock, which may be anything (a talker stamping 1 ms after the epoch showed 57
+years of lag and paged): such a timestamp counts only within [now - CREATE_TIME_MAX_AGE_MS,
+now + CREATE_TIME_MAX_AHEAD_MS]; outside, the partition's time lag is unknown (None, an absent
+series), so a wrong producer clock cannot page, while offset lag, audio lag and the group rules
+still measure the backlog.
+
 Audio lag estimates the seconds of codec frames in records not yet vocoded. The reader reads at
 most `read_records` (K) records from the committed offset and counts each record's new frames
 (`codec_chunk_frames`, else frames minus `codec_left_context_frames`; control events and
@@ -64,6 +73,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     ConsumerGroupState,
@@ -94,6 +104,10 @@ DEFAULT_TIMEOUT_S = 10.0  # admin requests
 DEFAULT_READ_TIMEOUT_S = 3.0  # the head reader, all partitions together
 OFFSET_RESETS = ("earliest", "latest")  # auto.offset.reset values a lag can be measured from
 DEFAULT_OFFSET_RESET = "earliest"  # codeclog's consumer (consumers.service)
+# A CreateTime (the producer's clock) is believed only this far ahead of the monitor's clock
+# (skew) and this far behind it (Kafka's default retention, log.retention.hours=168).
+CREATE_TIME_MAX_AHEAD_MS = 60_000
+CREATE_TIME_MAX_AGE_MS = 7 * 24 * 3600 * 1000
 
 FramesOf = Callable[[bytes | None], int]
 
@@ -172,6 +186,8 @@ class HeadRead:
     records: int  # visible records read
     frames: int  # new codec frames in them
     reached_end: bool  # the reader saw the partition's end: `frames` is the exact total
+    # the first timestamp is the broker's (LogAppendTime), not a producer's (CreateTime)
+    broker_time: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -196,11 +212,16 @@ def visible_lag(offsets_lag: int, head: HeadRead | None) -> int:
 
 
 def time_lag_s(head: HeadRead, lag: int, now_ms: int) -> float | None:
+    """now - the first waiting record's timestamp (clamped at 0); None when unknown: no
+    timestamp, or a producer's CreateTime outside the plausible window (module docstring)."""
     if lag == 0 or (head.records == 0 and head.reached_end):
         return 0.0
     if head.first_timestamp_ms is None:
         return None
-    return max(0.0, (now_ms - head.first_timestamp_ms) / 1000.0)
+    age_ms = now_ms - head.first_timestamp_ms
+    if not head.broker_time and not -CREATE_TIME_MAX_AHEAD_MS <= age_ms <= CREATE_TIME_MAX_AGE_MS:
+        return None  # the producer's clock is wrong: nothing to tell, and nothing to page on
+    return max(0.0, age_ms / 1000.0)
 
 
 def audio_lag_s(head: HeadRead, lag: int) -> float | None:
@@ -326,6 +347,7 @@ class HeadReader:
 
     def _head(self, request: HeadRequest, messages: list[Message], at_end: bool) -> HeadRead:
         first_ts: int | None = None
+        ts_type = TIMESTAMP_NOT_AVAILABLE
         if messages:
             ts_type, ts_ms = messages[0].timestamp()
             first_ts = None if ts_type == TIMESTAMP_NOT_AVAILABLE or ts_ms < 0 else ts_ms
@@ -336,6 +358,7 @@ class HeadReader:
             records=len(messages),
             frames=sum(self._frames_of(m.value()) for m in messages),
             reached_end=at_end,
+            broker_time=ts_type == TIMESTAMP_LOG_APPEND_TIME,
         )
 
 

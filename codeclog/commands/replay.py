@@ -113,7 +113,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     publish.add_argument(
         "--keep-timestamps",
         action="store_true",
-        help="with --to-topic: reuse the captured CreateTime timestamps (default: new ones)",
+        help="with --to-topic: reuse the captured CreateTime timestamps (default: new ones; "
+        "a LogAppendTime topic, such as the chunk topic `topics create` makes, stamps its own)",
     )
     add_kafka_args(parser)
     parser.set_defaults(func=run)

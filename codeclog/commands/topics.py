@@ -10,6 +10,7 @@ from codeclog.commands.acls import add_acl_args, apply_from_args
 from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
 from codeclog.errors import CodeclogError, exit_code
 from codeclog.topics import (
+    TopicAction,
     TopicMismatchError,
     create_topics,
     format_config,
@@ -19,7 +20,8 @@ from codeclog.topics import (
 
 DESCRIPTION = """\
 Create and inspect the topics codeclog uses:
-  codec.chunks    codec chunks and control events, keyed by request id (8 partitions)
+  codec.chunks    codec chunks and control events, keyed by request id (8 partitions;
+                  message.timestamp.type=LogAppendTime: lag's time lag on the broker's clock)
   codec.audio     decoded audio chunks, keyed by request id (8 partitions)
   codec.dlq       dead letters: refused records, whole (1 partition)
   codec.progress  compacted (cleanup.policy=compact): per-request checkpoints (8 partitions)
@@ -29,7 +31,8 @@ New topics get replication factor 3 and min.insync.replicas 2 on a cluster of th
 more (`codeclog broker start --nodes 3`), 1 and 1 on one broker; `create` says what it chose.
 `create` is idempotent: topics that exist are kept. A topic that exists with fewer partitions
 than configured or with another cleanup.policy is reported and the command fails, since
-changing it would move keys between partitions.
+changing it would move keys between partitions. A chunk topic that keeps CreateTime is
+reported (one line on stderr) and kept.
 """
 
 EPILOG = """\
@@ -112,12 +115,16 @@ def _create(args: argparse.Namespace) -> int:
         )
     for outcome in outcomes:
         spec = outcome.spec
+        settings = spec.settings if outcome.action is TopicAction.CREATED else ()
         print(
             f"{outcome.action.value:<8} {spec.name} ({_partitions(spec.partitions)}, "
             f"cleanup.policy={spec.cleanup_policy.value}, "
-            f"RF {outcome.replication_factor or '?'}, "
+            + "".join(f"{key}={value}, " for key, value in settings)
+            + f"RF {outcome.replication_factor or '?'}, "
             f"min ISR {outcome.min_insync_replicas or '?'}): {spec.role}"
         )
+        for note in outcome.notes:
+            print(f"codeclog topics create: {note}", file=sys.stderr)
     if args.acls:
         return apply_from_args(args)
     return 0

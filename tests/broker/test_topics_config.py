@@ -26,6 +26,7 @@ from codeclog.topics import (
     ensure_topics,
     list_topics,
     replication_for,
+    setting_notes,
     topic_specs,
 )
 from codeclog.topics_config import TopicsConfig
@@ -67,6 +68,9 @@ def test_create_is_idempotent_and_makes_the_configured_topics(
     for name, (partitions, policy) in expected.items():
         assert found[name].partitions == partitions
         assert found[name].config_value("cleanup.policy") == policy
+    # lag's time lag reads the chunk topic's timestamps: the broker's clock, not a talker's
+    assert found[topics.chunks].config_value("message.timestamp.type") == "LogAppendTime"
+    assert found[topics.audio].config_value("message.timestamp.type") == "CreateTime"
 
 
 @pytest.mark.kafka
@@ -113,6 +117,8 @@ def test_cli_topics_create_then_list(
         f"created  {topics.progress} (2 partitions, cleanup.policy=compact, RF 1, min ISR 1)"
         in (out)
     )
+    chunks = f"created  {topics.chunks} (2 partitions, cleanup.policy=delete, "
+    assert chunks + "message.timestamp.type=LogAppendTime, RF 1, min ISR 1)" in out
     assert main(["topics", "list", "--bootstrap", kafka_bootstrap]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
     assert rows[topics.progress][1:3] == ["2", "1"]
@@ -153,6 +159,36 @@ def test_check_topic(case: str, spec: TopicSpec, info: TopicInfo, complaints: li
     assert len(problems) == len(complaints)
     for problem, complaint in zip(problems, complaints, strict=True):
         assert complaint in problem
+
+
+def test_only_the_chunk_topic_gets_log_append_time() -> None:
+    specs = topic_specs(TopicsConfig())
+    assert [s.setting("message.timestamp.type") for s in specs] == [
+        "LogAppendTime",
+        None,
+        None,
+        None,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("found", "notes"),
+    [("LogAppendTime", 0), ("CreateTime", 1), (None, 0)],
+    ids=["log_append_time", "create_time", "not_described"],
+)
+def test_an_existing_chunk_topic_that_keeps_create_time_is_noted_not_refused(
+    found: str | None, notes: int
+) -> None:
+    spec = topic_specs(TopicsConfig())[0]
+    config = (("cleanup.policy", "delete"),)
+    if found is not None:
+        config += (("message.timestamp.type", found),)
+    info = TopicInfo(spec.name, 8, 1, config)
+    assert check_topic(spec, info) == []
+    got = setting_notes(spec, info)
+    assert len(got) == notes
+    if notes:
+        assert "keeps message.timestamp.type=CreateTime (new topics get LogAppendTime)" in got[0]
 
 
 def test_topic_specs_follow_the_config() -> None:

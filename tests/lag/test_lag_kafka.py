@@ -28,9 +28,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from codeclog import cli
 from codeclog.lag.evaluator import EvaluatorConfig, GroupRule, GroupStatus, PartitionStatus, Rule
 from codeclog.lag.exporter import LagCollector, sample_all, serve
+from codeclog.lag.measure import LagMeasurer
 from codeclog.lag.monitor import LagMonitor
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk
+from codeclog.topics import create_topics
+from codeclog.topics_config import TopicsConfig
 
 pytestmark = pytest.mark.kafka
 
@@ -451,3 +454,40 @@ def test_a_group_that_does_not_exist_is_reported_as_such(
     argv = ["lag", "--bootstrap", kafka_bootstrap, "--group", group, "--topic", topic4]
     assert cli.main(argv) == 0  # measured; without --check the status is only reported
     assert "the group does not exist on the cluster" in capsys.readouterr().out
+
+
+def test_a_chunk_stamped_at_the_epoch_shows_no_57_year_time_lag(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> None:
+    """The producer's clock decided the time lag: a chunk stamped 1 ms after the epoch showed
+    57 years and paged. The chunk topic `topics create` makes is LogAppendTime, so the broker's
+    append time is measured; on a topic that keeps CreateTime the stamp is not believed."""
+    client = {"bootstrap.servers": kafka_bootstrap}
+    names = TopicsConfig(
+        chunks=unique_name("epoch-chunks"),
+        audio=unique_name("epoch-audio"),
+        dlq=unique_name("epoch-dlq"),
+        progress=unique_name("epoch-progress"),
+        partitions=1,
+    )
+    create_topics(client, names)
+    created_by_hand = unique_name("epoch-create-time")
+    admin = AdminClient(client)
+    admin.create_topics([NewTopic(created_by_hand, 1, 1)])[created_by_hand].result(30)
+    producer = Producer({**client, "linger.ms": 0})
+    for topic in (names.chunks, created_by_hand):
+        producer.produce(topic, chunk_value(0), key=b"req-1", partition=0, timestamp=1)
+    assert producer.flush(10) == 0
+    group = unique_name("epoch-group")  # never committed: measured from the log start
+    measurer = LagMeasurer(client)
+    try:
+        now_ms = int(time.time() * 1000)
+        appended = measurer.measure(group, names.chunks, now_ms).partitions[0]
+        stamped = measurer.measure(group, created_by_hand, now_ms).partitions[0]
+    finally:
+        measurer.close()
+        admin.delete_topics([names.chunks, names.audio, names.dlq, names.progress, created_by_hand])
+    assert appended.lag == 1 and appended.time_lag_s is not None
+    assert 0.0 <= appended.time_lag_s < 120.0, appended  # seconds since the append, not years
+    assert stamped.lag == 1 and stamped.time_lag_s is None, stamped  # unknown, never paged
+    assert stamped.audio_lag_s == pytest.approx(1.0)  # the backlog itself is still measured

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from codeclog.lag.measure import (
+    CREATE_TIME_MAX_AGE_MS,
     HeadRead,
     audio_lag_s,
     new_frames,
@@ -56,10 +59,18 @@ def test_wire_frames_of(name: str, value: bytes | None, expected: int) -> None:
 NOW_MS = 1_700_000_010_000
 
 
+DAY_MS = 24 * 3600 * 1000
+
+
 def head(
-    records: int, frames: int, reached_end: bool, ts: int | None = 1_700_000_000_000
+    records: int,
+    frames: int,
+    reached_end: bool,
+    ts: int | None = 1_700_000_000_000,
+    broker_time: bool = False,
 ) -> HeadRead:
-    return HeadRead(100, 200, ts if records else None, records, frames, reached_end)
+    first = ts if records else None
+    return HeadRead(100, 200, first, records, frames, reached_end, broker_time=broker_time)
 
 
 LAGS = [
@@ -71,6 +82,36 @@ LAGS = [
     ("nothing_read_in_time", head(0, 0, False), 10, None, None),
     ("no_timestamp", head(2, 50, False, ts=None), 10, None, 10.0),
     ("clock_skew_clamps_at_zero", head(1, 25, False, ts=NOW_MS + 5_000), 10, 0.0, 10.0),
+    # whose clock (issue 29): a producer's CreateTime counts only within [-7 days, +60 s]
+    ("producer_clock_at_the_epoch_is_unknown", head(1, 25, False, ts=1), 10, None, 10.0),
+    (
+        "producer_clock_hours_ahead_is_unknown",
+        head(1, 25, False, ts=NOW_MS + 3_600_000),
+        10,
+        None,
+        10.0,
+    ),
+    (
+        "producer_clock_six_days_back_counts",
+        head(1, 25, False, ts=NOW_MS - 6 * DAY_MS),
+        10,
+        6 * DAY_MS / 1000,
+        10.0,
+    ),
+    (
+        "broker_clock_always_counts",
+        head(1, 25, False, ts=NOW_MS - 8 * DAY_MS, broker_time=True),
+        10,
+        8 * DAY_MS / 1000,
+        10.0,
+    ),
+    (
+        "broker_clock_skew_clamps_at_zero",
+        head(1, 25, False, ts=NOW_MS + 3_600_000, broker_time=True),
+        10,
+        0.0,
+        10.0,
+    ),
 ]
 
 
@@ -81,6 +122,14 @@ def test_lags_from_head(
     assert time_lag_s(read, lag, NOW_MS) == t_lag
     got = audio_lag_s(read, lag)
     assert got == (None if a_lag is None else pytest.approx(a_lag))
+
+
+@given(st.integers(min_value=0, max_value=2**63 - 1))
+def test_no_producer_clock_makes_a_time_lag_beyond_the_window(stamp_ms: int) -> None:
+    """Whatever a producer stamps (CreateTime), the time lag is unknown or at most the
+    plausible window: a wrong clock can never page with decades of lag."""
+    got = time_lag_s(head(1, 25, False, ts=stamp_ms), 10, NOW_MS)
+    assert got is None or 0.0 <= got <= CREATE_TIME_MAX_AGE_MS / 1000
 
 
 def test_quiet_keeps_the_users_log_level() -> None:
