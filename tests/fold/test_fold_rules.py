@@ -19,7 +19,7 @@ from codeclog.consumers.fold.machine import (
     new_state,
     open_requests,
 )
-from codeclog.consumers.fold.outcomes import Outcome
+from codeclog.consumers.fold.outcomes import Echo, Outcome
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 S, T = Policy.STRICT, Policy.TOLERANT
@@ -479,3 +479,53 @@ def test_decode_carries_the_window_ids() -> None:
     decode = outcomes[0]
     assert decode.to_report()["kind"] == "decode"
     assert getattr(decode, "codes", None) == (7, 8, 9, 10, 11)
+
+
+def _outcomes_with(config: FoldConfig, events: list[Event]) -> list[list[dict[str, Any]]]:
+    state = new_state(config)
+    result = []
+    for event in events:
+        state, outcomes = fold(state, event)
+        result.append([outcome.to_report() for outcome in outcomes])
+    return result
+
+
+def test_a_redelivery_older_than_the_digest_ring_is_a_duplicate_without_verification() -> None:
+    """Digests and their bound: past `digest_ring` applied chunks a redelivery cannot be
+    verified and is `duplicate` (T6 open, T3 released), even with other content: never
+    decoded. Within the ring a conflict is still refused."""
+    other = (9, 9, 9, 9, 9)
+    ring = FoldConfig(digest_ring=2)
+    opened = [ck(0), ck(1), ck(2), ck(3)]  # the ring holds seqs 2 and 3
+    *_, same, conflict, recent = _outcomes_with(
+        ring, [*opened, ck(0), ck(1, codes=other), ck(3, codes=other)]
+    )
+    assert (same, conflict) == ([dup(0)], [dup(1)])
+    assert recent == [rej("conflicting_duplicate", 3, chunk_seq=3)]
+    released = [*opened, ck(4, last=True)]
+    *_, same, conflict = _outcomes_with(ring, [*released, ck(0), ck(1, codes=other)])
+    assert (same, conflict) == ([dup(0)], [dup(1)])
+
+
+def test_a_merged_window_echoes_the_newest_ids_every_flag_and_the_whole_text() -> None:
+    """The decode echo: duplex ids and clock of the newest chunk in the window, turn_end,
+    tts_is_last_chunk and segment_end OR-ed over its chunks, the texts concatenated in order;
+    a finish flush echoes the held chunks only."""
+
+    def chunk(seq: int, n: int, flag: str, text: bytes) -> CodecChunk:
+        flags = {"turn_end": False, "tts_is_last_chunk": False, "segment_end": False, flag: True}
+        return dataclasses.replace(
+            ck(seq, n, lcf=0),
+            duplex_epoch=seq + 1,
+            duplex_turn_id=10 + seq,
+            llm_output_text_utf8=text,
+            produced_at_ms=100 * (seq + 1),
+            **flags,
+        )
+
+    first, second = chunk(0, 1, "turn_end", b"a"), chunk(1, 1, "tts_is_last_chunk", b"b")
+    held = [first, second]  # 1 + 1 frames: both held
+    decode = last_outcomes(T, [*held, chunk(2, 3, "segment_end", b"c")])[0]
+    assert getattr(decode, "echo", None) == Echo(3, 12, True, True, True, b"abc", 300)
+    flushed = last_outcomes(T, [*held, ctl(ControlKind.FINISH)])[0]
+    assert getattr(flushed, "echo", None) == Echo(2, 11, True, True, False, b"ab", 200)
