@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from codeclog.replay.errors import ReplayError
 from codeclog.schemas.records import SAMPLE_RATE_HZ
+from codeclog.user_files import user_file_error
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -47,4 +47,4 @@ def write_wavs(directory: Path, pcm_by_request: Mapping[str, bytes]) -> dict[str
             written[request_id] = path
         return written
     except OSError as exc:
-        raise ReplayError(f"cannot write WAV files into {directory}: {exc.strerror}") from exc
+        raise user_file_error("write", "WAV files into", directory, exc) from exc

@@ -245,17 +245,22 @@ def test_replay_options_that_do_not_go_together_are_exit_2() -> None:
     ("argv", "expected"),
     [
         (["demo", "--out", "{bad}/x", *NOWHERE], "cannot create --out folder {bad}/x"),
+        (
+            ["replay", str(SCENARIO), "--vocoder", "tiny", "--wav-dir", "{bad}/x"],
+            "cannot create --wav-dir folder {bad}/x",
+        ),
         (["broker", "start", "--data-dir", "{bad}/x"], "cannot create the data dir {bad}/x"),
         (
             ["broker", "start", "--nodes", "3", "--data-dir", "{bad}/x"],
             "cannot create the data dir {bad}/x",
         ),
     ],
-    ids=["demo_out", "broker_data_dir", "cluster_data_dir"],
+    ids=["demo_out", "replay_wav_dir", "broker_data_dir", "cluster_data_dir"],
 )
 def test_folders_that_cannot_be_created_are_one_line_and_exit_2(
     argv: list[str], expected: str, not_a_folder: Path
 ) -> None:
-    """demo --out was a traceback; the data dir of broker start was exit 1."""
+    """demo --out was a traceback; replay --wav-dir exit 1 after the whole replay; the data
+    dir of broker start exit 1."""
     result = _codeclog(*[arg.format(bad=not_a_folder) for arg in argv])
     _assert_one_line_exit_2(result, expected.format(bad=not_a_folder))

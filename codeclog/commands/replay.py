@@ -16,6 +16,7 @@ from codeclog.config import (
     limit_options,
 )
 from codeclog.errors import EXIT_USAGE, CodeclogError, exit_code
+from codeclog.user_files import make_folder
 
 DESCRIPTION = """\
 Rerun a captured stream offline through the same fold (and, with --vocoder, the same Code2Wav
@@ -160,6 +161,8 @@ def _replay(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    if args.wav_dir is not None:
+        make_folder(args.wav_dir, "--wav-dir folder")  # before the replay, not after it
     source = load_input(args.input)
     options = ReplayOptions(
         Policy(args.policy),
