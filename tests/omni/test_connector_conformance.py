@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.broker import pick_free_port
@@ -98,6 +99,39 @@ def test_a_copy_put_after_the_first_get_is_dropped_and_counted(
     assert receiver.get("1", "2", "dup_1_0") is None
     health = receiver.health()
     assert health.get("redelivered") == 1 and health["index_entries"] == 0, health
+
+
+def _committed(bootstrap: str, group: str, topic: str, partition: int) -> int:
+    """The group's committed offset of a partition once it has one (the receiver commits every
+    second), else -1001 after WAIT_S."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            [tp] = reader.committed([TopicPartition(topic, partition)], timeout=10)
+            if tp.offset >= 0 or time.monotonic() > deadline:
+                return int(tp.offset)
+            time.sleep(0.2)
+    finally:
+        reader.close()
+
+
+def test_a_restarted_receiver_gets_what_it_had_not_handed_out(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> None:
+    topic = _topic(kafka_bootstrap, unique_name("omni"))
+    base = {"bootstrap": kafka_bootstrap, "topic": topic}
+    receiving = {**base, "stage_id": 2, "group_id": unique_name("recv")}
+    with CodeclogKafkaConnector({**base, "stage_id": 1}) as sender:
+        ok, _, waiting = sender.put("1", "2", "w_1_0", {"k": 0})
+        assert ok and waiting is not None
+        assert sender.put("1", "2", "w_1_1", {"k": 1})[0]  # same request: same partition
+    with CodeclogKafkaConnector(receiving) as receiver:
+        assert _wait(receiver, "w_1_1")[0] == {"k": 1}  # w_1_0 was read before it and waits
+        group, partition = receiving["group_id"], waiting["partition"]
+        assert _committed(kafka_bootstrap, group, topic, partition) == waiting["offset"]
+    with CodeclogKafkaConnector(receiving) as restarted:
+        assert _wait(restarted, "w_1_0")[0] == {"k": 0}
 
 
 def test_get_before_put_is_none_and_keys_never_collide(

@@ -75,3 +75,27 @@ def test_every_key_is_handed_out_at_most_once_between_cleanups(ops: list[tuple[s
             handed = {k: n for k, n in handed.items() if request_of(k) != f"r{number % 2}"}
         assert all(n == 1 for n in handed.values())
     assert index.counts["redelivered"] == refused
+
+
+def test_the_commit_offset_stays_below_the_oldest_entry_not_handed_out() -> None:
+    index = HandOutIndex(100)
+    keys: list[IndexKey] = [(f"w_1_{n}", "1", "2") for n in range(3)]
+    for offset, key in enumerate(keys):
+        index.read(0, offset)
+        assert index.add(key, _entry(offset))
+    index.read(1, 4)  # another partition, nothing waits there
+    assert index.take(keys[1]) is not None
+    assert index.commit_offsets() == {0: 0, 1: 5}  # keys[0] waits: a restart re-reads it
+    assert index.take(keys[0]) is not None
+    assert index.commit_offsets() == {0: 2, 1: 5}
+    assert index.take(keys[2]) is not None
+    assert index.commit_offsets() == {0: 3, 1: 5}
+
+
+def test_an_evicted_entry_no_longer_holds_the_commit_offset() -> None:
+    index = HandOutIndex(1)
+    for offset, key in enumerate([KEY, ("req_a_1_1", "1", "2")]):
+        index.read(0, offset)
+        assert index.add(key, _entry(offset))
+    assert index.counts["evicted"] == 1 and index.take(KEY) is None
+    assert index.commit_offsets() == {0: 1}
