@@ -141,7 +141,7 @@
     var audio = canvas.parentNode.querySelector('audio');
     // quiet audio (the tiny test vocoder's) is drawn scaled up to the canvas' height
     var loudest = peaks.reduce(function (m, p) { return Math.max(m, -p[0], p[1]); }, 0);
-    var gain = loudest > 0 ? Math.min(1 / loudest, 1000) : 1;
+    var gain = loudest > 0 ? Math.min(0.9 / loudest, 1000) : 1;
     function paint() {
       ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
       ctx.clearRect(0, 0, width, height);
@@ -157,9 +157,12 @@
       ctx.fillStyle = '#cfd8dc';
       ctx.fillRect(0, mid, width, 0.5);
       if (gain > 1.05) {
-        ctx.fillStyle = '#5f6b7a';
+        var note = 'peak ' + (20 * Math.log10(loudest)).toFixed(1) + ' dBFS, drawn ×' + gain.toFixed(1);
         ctx.font = '11px sans-serif';
-        ctx.fillText('peak ' + (20 * Math.log10(loudest)).toFixed(1) + ' dBFS, drawn ×' + gain.toFixed(1), 6, 13);
+        ctx.fillStyle = 'rgba(255, 255, 255, 0.85)';
+        ctx.fillRect(2, 2, ctx.measureText(note).width + 8, 15);
+        ctx.fillStyle = '#37474f';
+        ctx.fillText(note, 6, 13);
       }
     }
     paint();
