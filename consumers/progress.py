@@ -86,6 +86,16 @@ class CheckpointWriter:
         )
 
 
+def belongs_to(checkpoint: StreamCheckpoint, group: str) -> bool:
+    """Whether a checkpoint counts for `group`: a v2 one names its group; a v1 one (no group:
+    every group shared them) counts only when one of this group's members wrote it (producer
+    id `<group>-<instance>`)."""
+    written_by = checkpoint.consumer_group
+    return written_by == group or (
+        not written_by and checkpoint.producer_id.startswith(f"{group}-")
+    )
+
+
 def read_checkpoints(
     client_config: dict[str, str],
     progress_topic: str,
@@ -93,13 +103,10 @@ def read_checkpoints(
     partitions: list[int],
     timeout_s: float,
 ) -> dict[int, dict[str, StreamCheckpoint]]:
-    """This group's newest checkpoint per request, per progress partition. v2 records name
-    their group; a v1 record (no group: every group shared them) counts only when one of this
-    group's members wrote it (producer id `<group>-<instance>`)."""
+    """This group's newest checkpoint per request (`belongs_to`), per progress partition."""
     if not partitions:
         return {}
     by_partition = read_partitions(client_config, progress_topic, partitions, timeout_s)
-    mine = f"{group}-"
     result: dict[int, dict[str, StreamCheckpoint]] = {}
     for partition, records in by_partition.items():
         latest = result.setdefault(partition, {})
@@ -113,8 +120,6 @@ def read_checkpoints(
                 continue
             if not isinstance(checkpoint, StreamCheckpoint):
                 continue
-            written_by = checkpoint.consumer_group
-            if written_by != group and (written_by or not checkpoint.producer_id.startswith(mine)):
-                continue
-            latest[checkpoint.request_id] = checkpoint
+            if belongs_to(checkpoint, group):
+                latest[checkpoint.request_id] = checkpoint
     return result
