@@ -27,6 +27,7 @@ from codeclog.consumers.fold.machine import FoldConfig, Policy
 from codeclog.consumers.kafka_calls import ClusterUnavailableError, one_line
 from codeclog.consumers.log_reader import read_partition
 from codeclog.consumers.pipeline import AudioPipeline, PipelineConfig, VocoderEngine
+from codeclog.consumers.stream_limit import LimitOptions, StreamLimit
 from codeclog.kafka_log import client_settings
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk, DeadLetter
@@ -53,6 +54,7 @@ class VerifyReport:
     comparisons: dict[str, int] = dataclasses.field(default_factory=dict)  # bytes / bound
     worst_bound_lsb: int = 0  # the largest |difference| among windows compared by the bound
     bound: dict[str, float] = dataclasses.field(default_factory=dict)
+    stream_limit: str = ""  # the open-stream limit the replay applied, as the members do
 
     @property
     def ok(self) -> bool:
@@ -105,19 +107,28 @@ def expected_audio(
     policy: Policy,
     progress: Callable[[str], None] | None = None,
     keep_pcm: bool = False,
-) -> AudioPipeline:
-    """Replay the whole chunk topic offline, partition by partition."""
+    limits: LimitOptions | None = None,
+) -> tuple[AudioPipeline, StreamLimit]:
+    """Replay the whole chunk topic offline, partition by partition, evicting as the members
+    do under `limits` (consumers.stream_limit)."""
+    partitions = partitions_of(client_config, topics.chunks)
+    limit = (limits or LimitOptions()).resolve(max(1, len(partitions)), engine)
+    fold = FoldConfig(policy=policy, max_open_streams=limit.per_partition)
     config = PipelineConfig(
-        fold=FoldConfig(policy=policy), per_partition=True, record_audio=True, keep_pcm=keep_pcm
+        fold=fold,
+        per_partition=True,
+        record_audio=True,
+        keep_pcm=keep_pcm,
+        eviction_cause=limit.cause,
     )
     pipeline = AudioPipeline(config, engine)
-    for partition in partitions_of(client_config, topics.chunks):
+    for partition in partitions:
         records = read_partition(client_config, topics.chunks, partition, 0, None)
         if progress:
             progress(f"replaying {topics.chunks}[{partition}]: {len(records)} records")
         for start in range(0, len(records), 256):
             pipeline.step(records[start : start + 256])
-    return pipeline
+    return pipeline, limit
 
 
 def actual_audio(
@@ -148,16 +159,21 @@ def verify(
     policy: Policy = Policy.TOLERANT,
     progress: Callable[[str], None] | None = None,
     bound: Bound | None = None,
+    stream_limits: LimitOptions | None = None,
 ) -> VerifyReport:
-    """`engine` is the replay's vocoder, or a factory given the domains on the audio topic."""
+    """`engine` is the replay's vocoder, or a factory given the domains on the audio topic;
+    `stream_limits` the members' open-stream options (their evictions are replayed)."""
     limits = bound or Bound()
     actual, dead_letters = actual_audio(client_config, topics)
     domains = collections.Counter(w.domain for seen in actual.values() for w in seen)
     chosen = _resolve(engine, frozenset(domains))
     replay_domain = str(getattr(chosen, "domain", ""))
     foreign = any(domain != replay_domain for domain in domains)
-    pipeline = expected_audio(client_config, topics, chosen, policy, progress, keep_pcm=foreign)
+    pipeline, limit = expected_audio(
+        client_config, topics, chosen, policy, progress, keep_pcm=foreign, limits=stream_limits
+    )
     report = VerifyReport(
+        stream_limit=limit.describe(),
         dead_letters=dead_letters,
         replay_domain=replay_domain,
         domains=dict(sorted(domains.items())),

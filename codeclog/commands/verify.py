@@ -8,7 +8,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from codeclog.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
+from codeclog.config import (
+    ConfigError,
+    add_kafka_args,
+    add_limit_args,
+    kafka_client_config,
+    limit_options,
+    topics_config,
+)
 from codeclog.consumers.audio_compare import DEFAULT_MAX_ABS_LSB, DEFAULT_MIN_SNR_DB
 from codeclog.consumers.fold.machine import Policy
 
@@ -73,6 +80,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--policy", choices=[p.value for p in Policy], default=Policy.TOLERANT.value
     )
+    add_limit_args(parser)
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
     parser.add_argument(
         "--group",
@@ -108,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         client_config = kafka_client_config(args)
         topics = topics_config(args)
+        limits = limit_options(args)
     except ConfigError as exc:
         print(f"codeclog verify: {exc}", file=sys.stderr)
         return 2
@@ -124,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
     bound = Bound(args.max_abs_lsb, args.min_snr_db)
     factory = _engine_factory(args.vocoder, args.device, args.kernels)
-    report = verify(client_config, topics, factory, Policy(args.policy), progress, bound)
+    report = verify(client_config, topics, factory, Policy(args.policy), progress, bound, limits)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1, sort_keys=True))
     else:
@@ -140,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
             + (f" e.g. {report.corrupt[:3]}" if report.corrupt else "")
         )
         print(_comparison_line(report))
+        print(f"  open streams: {report.stream_limit}")
         if report.dead_letters:
             print(
                 "  dead letters: " + ", ".join(f"{k}={v}" for k, v in report.dead_letters.items())

@@ -82,7 +82,7 @@ def _windows(delivered: list[ListenerChunk]) -> dict[Key, list[bytes]]:
 
 def _replay(stack: Any, engine: Any) -> tuple[dict[Key, bytes], dict[str, bytes]]:
     """Every window of the offline replay (verify's oracle) and each request's whole PCM."""
-    pipeline = expected_audio(stack.client, stack.topics, engine, Policy.TOLERANT, keep_pcm=True)
+    pipeline, _ = expected_audio(stack.client, stack.topics, engine, Policy.TOLERANT, keep_pcm=True)
     windows: dict[Key, bytes] = {}
     whole: dict[str, bytes] = {}
     for rid, audio in pipeline.audio.items():
