@@ -25,15 +25,9 @@
    first copy); and, to split that, the audio record's Kafka timestamp (CreateTime: when the
    consumer called produce()) -> visible, the listener's own path. Target: speculative p99
    <= 15 ms at 100 streams with the instant engine.
-4. `--overlap both` runs every row twice, side by side: one transaction in flight (the default
-   service) and `--overlap-transactions` (two producers: the next step produced while the
-   previous commits, consumers/overlap_transactions.py); the first column says which.
-
     python bench/bench_consumer.py                      # starts its own broker
     python bench/bench_consumer.py --kafka-engines instant --streams 100 --skip-batching
     python bench/bench_consumer.py --bootstrap 127.0.0.1:9092 --streams 100 --seconds 20
-    python bench/bench_consumer.py --kafka-engines instant --streams 2 100 --skip-batching \
-        --overlap both
 """
 
 from __future__ import annotations
@@ -163,9 +157,7 @@ class ListenerProbe:
         self.process.join(30)
 
 
-def kafka_path(
-    bootstrap: str, engine: Any, streams: int, seconds: float, overlap: bool = False
-) -> dict[str, Any]:
+def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dict[str, Any]:
     from codeclog.consumers.pipeline import StepOutput
     from codeclog.consumers.service import VocodeConfig, VocoderService
     from codeclog.lag.drain import undrained, wait_drained
@@ -199,7 +191,6 @@ def kafka_path(
         instance_id="bench",
         max_records=128,
         max_batch=128,
-        overlap_transactions=overlap,
     )
     service = Instrumented(client, topics, config, engine, stop_event=stop)
     thread = threading.Thread(target=service.run, daemon=True)
@@ -322,13 +313,6 @@ def main() -> int:
         default=["tiny", "instant"],
         help="engines for the Kafka-path rows (instant: zero-cost, isolates Kafka)",
     )
-    parser.add_argument(
-        "--overlap",
-        choices=["off", "on", "both"],
-        default="off",
-        help="transactions of the service: off (one in flight, the default service), on "
-        "(vocode --overlap-transactions), both (each row twice, side by side)",
-    )
     args = parser.parse_args()
 
     import torch
@@ -345,14 +329,14 @@ def main() -> int:
     with cluster(args.bootstrap) as bootstrap:
         print()
         print(
-            "| transactions | engine | streams | windows/s needed | windows/s done "
+            "| engine | streams | windows/s needed | windows/s done "
             "| e2e p50 / p99 ms "
             "| decode (in-process) p50 / p99 ms | added by Kafka p50 / p99 ms "
             "| of which produced -> polled | of which step minus decode "
             "| committed listener p50 / p99 ms | speculative listener p50 / p99 ms "
             "| of which audio written -> visible, committed / speculative p50 / p99 ms |"
         )
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         # throwaway runs first: a fresh broker loads its coordinators, and the engine its
         # lazily built pools, on first use; and a fresh JVM runs the broker's request paths
         # interpreted until its JIT has seen them thousands of times (measured: instant
@@ -360,13 +344,10 @@ def main() -> int:
         # A production broker is long-running; none of that belongs in the measured rows.
         kafka_path(bootstrap, engines["tiny"], 2, 4.0)
         kafka_path(bootstrap, engines["instant"], 50, WARM_BROKER_S)
-        modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
-        rows = itertools.product(args.kafka_engines, args.streams, modes)
-        for name, streams, overlap in rows:
-            r = kafka_path(bootstrap, engines[name], streams, args.seconds, overlap)
-            mode = "overlap" if overlap else "one"
+        for name, streams in itertools.product(args.kafka_engines, args.streams):
+            r = kafka_path(bootstrap, engines[name], streams, args.seconds)
             print(
-                f"| {mode} | {name} | {streams} | {r['needed_windows_per_s']:.0f} "
+                f"| {name} | {streams} | {r['needed_windows_per_s']:.0f} "
                 f"| {r['windows_per_s']:.1f} "
                 f"| {r['e2e_p50_ms']:.0f} / {r['e2e_p99_ms']:.0f} "
                 f"| {r['decode_p50_ms']:.0f} / {r['decode_p99_ms']:.0f} "

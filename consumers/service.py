@@ -47,7 +47,6 @@ from codeclog.consumers.kafka_calls import (
 )
 from codeclog.consumers.log_reader import input_record
 from codeclog.consumers.metrics import VocoderMetrics
-from codeclog.consumers.overlap_transactions import OverlappingTransactions, overlap_ids
 from codeclog.consumers.pipeline import (
     DEAD_LETTER_HEADROOM_BYTES,
     DEAD_LETTER_RAW_LIMIT,
@@ -106,9 +105,6 @@ class VocodeConfig:
     # After stop() (SIGTERM): if the clean stop has not finished within this long, the process
     # ends itself (exit 1, one line). None: no such watchdog (in-process library use).
     stop_timeout_s: float | None = None
-    # Two transactional producers, step N+1 produced while step N commits, committed after it
-    # and aborted with it (consumers/overlap_transactions.py; README, "How recovery works").
-    overlap_transactions: bool = False
 
     @property
     def transactional_id(self) -> str:
@@ -137,8 +133,7 @@ class VocoderService:
         self._dead_letter_limit = DEAD_LETTER_RAW_LIMIT
         self.limit = self._stream_limit(topics.partitions)
         self.pipeline = self._new_pipeline()
-        kind = OverlappingTransactions if config.overlap_transactions else Transactions
-        self.transactions: Transactions | OverlappingTransactions = kind(
+        self.transactions = Transactions(
             client_config,
             config.transactional_id,
             config.transaction_timeout_ms,
@@ -265,8 +260,6 @@ class VocoderService:
                 f"cannot initialise transactions on the cluster at {self.bootstrap}: "
                 f"{one_line(exc)}"
             ) from exc
-        if not self.config.overlap_transactions:
-            self._fence_overlap_id()
         self._consumer = Consumer(self._consumer_config())
         self._consumer.subscribe(
             [self.topics.chunks],
@@ -274,31 +267,6 @@ class VocoderService:
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
-
-    def _fence_overlap_id(self) -> None:
-        """Fence this member's `-overlap` id as well (init_transactions, then close): a run of
-        this member in overlap mode may have left a transaction open there (a SIGKILL), which
-        would hold its partitions' last stable offset, and so every read_committed reader, until
-        transaction.timeout.ms. Fencing aborts it now. Failing to (a grant for the member's own
-        id only) costs only that wait: a warning, and the member goes on."""
-        sibling_id = overlap_ids(self.config.transactional_id)[1]
-        sibling = Transactions(
-            self.client_config,
-            sibling_id,
-            self.config.transaction_timeout_ms,
-            self.config.kafka_timeout_s,
-            self.metrics,
-        )
-        try:
-            sibling.start(self.config.outage_timeout_s, self._stop)
-        except (KafkaException, StuckCallError) as exc:
-            log.warning(
-                "cannot fence %s (%s): a transaction an overlap-mode run left open there ends "
-                "only at its timeout",
-                sibling_id,
-                one_line(exc),
-            )
-        sibling.close()
 
     def _check_cluster(self) -> None:
         """One metadata request first: an unreachable cluster is one line, not a minute of
@@ -473,15 +441,10 @@ class VocoderService:
     def _doing(self) -> dict[str, str]:
         """What each kind of authorisation refusal means for this member (kafka_access)."""
         t = self.topics
-        ids = (
-            overlap_ids(self.config.transactional_id)
-            if self.config.overlap_transactions
-            else (self.config.transactional_id,)
-        )
         return {
             "topic": f"READ topic {t.chunks} or WRITE topics {t.audio}, {t.dlq}, {t.progress}",
             "group": f"READ group {self.config.group}",
-            "transactional id": f"WRITE transactional id {' and '.join(ids)}",
+            "transactional id": f"WRITE transactional id {self.config.transactional_id}",
         }
 
     def _refusal(self, exc: BaseException) -> CodeclogError | None:

@@ -32,7 +32,6 @@ Examples:
   codeclog vocode --vocoder /models/token2wav --device cuda --metrics-port 9311
   codeclog vocode --group g1 --instance-id b     # a second member of the same group
   codeclog vocode --vocoder /models/token2wav-1.0.7 --hift causal   # scheme B vocoder
-  codeclog vocode --overlap-transactions         # audio produced while the last step commits
 """
 
 
@@ -139,15 +138,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(exit 0), or, if it cannot finish in time, exit 1 without it (default 25)",
     )
     parser.add_argument(
-        "--overlap-transactions",
-        action="store_true",
-        help="two transactional producers (ids <group>-<instance> and <group>-<instance>"
-        "-overlap): step N+1 produces its audio while step N commits, so read_uncommitted "
-        "(speculative) listeners see it one commit sooner; N+1 commits only after N and is "
-        "aborted with it, so read_committed readers still get every window exactly once. "
-        'Off by default (README, "How recovery works")',
-    )
-    parser.add_argument(
         "-v", "--verbose", action="store_true", help="log every step and librdkafka's own lines"
     )
     parser.set_defaults(func=run)
@@ -242,7 +232,6 @@ def run(args: argparse.Namespace) -> int:
         exit_when_idle_s=args.exit_when_idle,
         outage_timeout_s=args.outage_timeout,
         stop_timeout_s=args.stop_timeout,
-        overlap_transactions=args.overlap_transactions,
     )
     service = VocoderService(
         client_config,

@@ -4,7 +4,6 @@ crash is in test_vocode_faults.py.)"""
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Any
@@ -23,7 +22,6 @@ from codeclog.consumers.service import (
     VocodeConfig,
     VocoderService,
 )
-from codeclog.consumers.transaction import Transactions
 from codeclog.kafka_access import KafkaAccessError
 from codeclog.topics_config import TopicsConfig
 
@@ -280,24 +278,3 @@ def test_init_transactions_at_start_gives_up_on_a_fatal_error() -> None:
     with pytest.raises(KafkaException):
         transactions.init_with_retry(60, threading.Event())
     assert producer.calls == 1
-
-
-def test_a_refused_fencing_of_the_overlap_id_is_a_warning_not_an_exit(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A grant for the member's own transactional id only refuses its `-overlap` id: the
-    member warns and goes on (only a transaction an overlap-mode run left open waits for its
-    timeout)."""
-    service = _service()
-    denied = KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "denied", fatal=True)
-    started: list[str] = []
-
-    def start(self: Transactions, retry_for_s: float, stop: threading.Event) -> None:
-        started.append(self.transactional_id)
-        raise KafkaException(denied)
-
-    monkeypatch.setattr(Transactions, "start", start)
-    with caplog.at_level(logging.WARNING, logger="codeclog.vocode"):
-        service._fence_overlap_id()
-    assert started == [f"{service.config.transactional_id}-overlap"]
-    assert f"cannot fence {started[0]}" in caplog.text and "denied" in caplog.text
