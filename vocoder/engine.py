@@ -112,8 +112,8 @@ from codeclog.vocoder.hift import (
     HiFTGenerator,
     fuse_weight_norm,
     stream_step,
+    stream_step_ragged,
 )
-from codeclog.vocoder.hift_ragged import stream_step_ragged
 from codeclog.vocoder.kernels import Kernels, kernel_scope
 from codeclog.vocoder.shared import pcm_s16le
 from codeclog.vocoder.stream_state import HiftState, StreamState

@@ -33,6 +33,13 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
 from codeclog.vocoder.errors import VocoderConfigError
+from codeclog.vocoder.hift_ragged import (
+    HiftRows,
+    hold_phase,
+    masked_convs,
+    reflect_ends,
+    solo_envelope,
+)
 from codeclog.vocoder.kernels import exactmath, portable_active
 
 UPSTREAM_PREFIX = "generator."  # hift.pt keys carry it when saved from the training wrapper
@@ -195,18 +202,28 @@ class SourceNoise:
 
 
 def draw_source_noise(
-    seeds: Sequence[int], samples: int, harmonics: int, device: torch.device | str = "cpu"
+    seeds: Sequence[int],
+    samples: int | Sequence[int],
+    harmonics: int,
+    device: torch.device | str = "cpu",
 ) -> SourceNoise:
     """One CPU generator per row, seeded by that row's seed: a row's noise never depends on its
     batch mates, the device or the global RNG. Draw order per row: phase, then gaussian.
-    (Upstream's own draws are not reproduced: they come from the global RNG, and `randn_like`
-    on its transposed operand takes torch's serial normal path; the parity test rebuilds them.)"""
+    `samples`: every row's count, or each row's (a ragged call: each row drawn at its own
+    length, then zero-padded to the longest). (Upstream's own draws are not reproduced: they
+    come from the global RNG, and `randn_like` on its transposed operand takes torch's serial
+    normal path; the parity test rebuilds them.)"""
+    counts = [samples] * len(seeds) if isinstance(samples, int) else list(samples)
+    longest = max(counts, default=0)
     phases: list[Tensor] = []
     gaussians: list[Tensor] = []
-    for seed in seeds:
+    for seed, count in zip(seeds, counts, strict=True):
         generator = torch.Generator(device="cpu").manual_seed(seed)
         phases.append(torch.rand(harmonics, generator=generator))
-        gaussians.append(torch.randn(samples, harmonics, generator=generator))
+        gaussian = torch.randn(count, harmonics, generator=generator)
+        gaussians.append(
+            F.pad(gaussian, (0, 0, 0, longest - count)) if count < longest else gaussian
+        )
     return SourceNoise(torch.stack(phases).to(device), torch.stack(gaussians).to(device))
 
 
@@ -222,7 +239,7 @@ class SineGen2(nn.Module):
         self.voiced_threshold = config.nsf_voiced_threshold_hz
         self.upsample_scale = config.samples_per_frame
 
-    def _f02sine(self, f0_values: Tensor, phase: Tensor) -> Tensor:
+    def _f02sine(self, f0_values: Tensor, phase: Tensor, rows: HiftRows | None) -> Tensor:
         rad_values = (f0_values / self.sampling_rate) % 1
         rand_ini = phase.clone()
         rand_ini[:, 0] = 0
@@ -233,6 +250,8 @@ class SineGen2(nn.Module):
             rad_values.transpose(1, 2), scale_factor=1 / self.upsample_scale, mode="linear"
         ).transpose(1, 2)
         phases = torch.cumsum(rad_values, dim=1) * 2 * np.pi
+        if rows is not None:
+            hold_phase(phases, rows)
         phases = F.interpolate(
             phases.transpose(1, 2) * self.upsample_scale,
             scale_factor=float(self.upsample_scale),
@@ -240,11 +259,11 @@ class SineGen2(nn.Module):
         ).transpose(1, 2)
         return torch.sin(phases)
 
-    def forward(self, f0: Tensor, noise: SourceNoise) -> Tensor:
-        """f0: (B, samples, 1) in Hz -> sine source (B, samples, dim)."""
+    def forward(self, f0: Tensor, noise: SourceNoise, rows: HiftRows | None = None) -> Tensor:
+        """f0: (B, samples, 1) in Hz -> sine source (B, samples, dim); `rows`: a ragged call's."""
         harmonics = torch.arange(1, self.dim + 1, dtype=torch.float32, device=f0.device)
         fn = torch.multiply(f0, harmonics.view(1, 1, -1))
-        sine_waves = self._f02sine(fn, noise.phase) * self.sine_amp
+        sine_waves = self._f02sine(fn, noise.phase, rows) * self.sine_amp
         uv = (f0 > self.voiced_threshold).type(torch.float32)
         noise_amp = uv * self.noise_std + (1 - uv) * self.sine_amp / 3
         return sine_waves * uv + noise_amp * noise.gaussian
@@ -259,8 +278,8 @@ class SourceModuleHnNSF2(nn.Module):
         self.l_linear = nn.Linear(config.nb_harmonics + 1, 1)
         self.l_tanh = nn.Tanh()
 
-    def forward(self, f0: Tensor, noise: SourceNoise) -> Tensor:
-        return self.l_tanh(self.l_linear(self.l_sin_gen(f0, noise)))
+    def forward(self, f0: Tensor, noise: SourceNoise, rows: HiftRows | None = None) -> Tensor:
+        return self.l_tanh(self.l_linear(self.l_sin_gen(f0, noise, rows)))
 
 
 def _hann_periodic(n_fft: int) -> Tensor:
@@ -321,28 +340,49 @@ class HiFTGenerator(nn.Module):
         spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
         return torch.istft(spec, n_fft, hop, n_fft, window=self.window(magnitude.device))
 
-    def decode(self, mel: Tensor, source: Tensor) -> Tensor:
-        """Filter network: mel (B, 80, T) and excitation (B, 1, T*480) -> speech (B, T*480)."""
+    def decode(self, mel: Tensor, source: Tensor, rows: HiftRows | None = None) -> Tensor:
+        """Filter network: mel (B, 80, T) and excitation (B, 1, T*480) -> speech (B, T*480).
+        With `rows` (a ragged call) the excitation's STFT and the iSTFT magnitudes of each
+        row's padded frames are zeroed and its window envelope is its own."""
         real, imag = self._stft(source.squeeze(1))
         s_stft = torch.cat([real, imag], dim=1)
+        if rows is not None:
+            s_stft = s_stft * rows.mask(s_stft.shape[2], s_stft)[:, None, :]
         x = self.conv_pre(mel)
         x = filter_stages(self, x, s_stft, self.config)
         bins = self.config.istft_n_fft // 2 + 1
-        speech = self._istft(torch.exp(x[:, :bins, :]), torch.sin(x[:, bins:, :]))
+        magnitude = torch.exp(x[:, :bins, :])
+        if rows is not None:
+            magnitude = magnitude * rows.mask(x.shape[2], x)[:, None, :]
+        speech = self._istft(magnitude, torch.sin(x[:, bins:, :]))
+        if rows is not None:
+            window = self.window(speech.device)
+            solo_envelope(speech, rows.valid(x.shape[2]), x.shape[2], window, self.config.istft_hop)
         return torch.clamp(speech, -self.config.audio_limit, self.config.audio_limit)
 
     def forward(
-        self, mel: Tensor, cache_source: Tensor, noise: SourceNoise
+        self, mel: Tensor, cache_source: Tensor, noise: SourceNoise, rows: HiftRows | None = None
     ) -> tuple[Tensor, Tensor]:
         """mel (B, 80, T), cache_source (B, 1, S) with S <= T*480 (S = 0: none) ->
         (speech (B, T*480), excitation (B, 1, T*480)). The first S excitation samples are
-        replaced by the cache so the re-vocoded overlap keeps the previous window's source."""
-        f0 = self.f0_predictor(mel)
-        upsampled = F.interpolate(f0[:, None], scale_factor=float(self.config.samples_per_frame))
-        source = self.m_source(upsampled.transpose(1, 2), noise).transpose(1, 2)
-        if cache_source.shape[2] != 0:
-            source[:, :, : cache_source.shape[2]] = cache_source
-        return self.decode(mel, source), source
+        replaced by the cache so the re-vocoded overlap keeps the previous window's source.
+        With `rows` a ragged call (vocoder.hift_ragged): mel right-padded, row b's cache its
+        first rows.cached[b] samples, every row vocoded as if alone (within rounding)."""
+        with masked_convs(self, rows):
+            f0 = self.f0_predictor(mel)
+            per_frame = self.config.samples_per_frame
+            upsampled = F.interpolate(f0[:, None], scale_factor=float(per_frame))
+            source = self.m_source(upsampled.transpose(1, 2), noise, rows).transpose(1, 2)
+            if rows is None:
+                if cache_source.shape[2] != 0:
+                    source[:, :, : cache_source.shape[2]] = cache_source
+            else:
+                source = source * rows.mask(source.shape[2], source)[:, None, :]
+                for b, count in enumerate(rows.cached):
+                    source[b, :, :count] = cache_source[b, :, :count]
+                ends = [frames * per_frame for frames in rows.frames]
+                reflect_ends(source, ends, self.config.istft_n_fft // 2)
+            return self.decode(mel, source, rows), source
 
 
 class FilterStages(Protocol):
@@ -536,27 +576,64 @@ def stream_step(
     N - min(3840, N) samples and holds the rest, a final step emits all N. Hence a row emits
     H_before + F*480 - H_after samples, and a whole stream emits exactly its mel frames * 480.
     """
-    config = hift.config
     if len({cache.signature() for cache in caches}) != 1:
         raise ValueError("stream_step needs caches of equal shape; group rows first")
-    mel_in = torch.cat([torch.stack([c.mel for c in caches]).to(mel.dtype), mel], dim=2)
-    samples = mel_in.shape[2] * config.samples_per_frame
-    noise = draw_source_noise(noise_seeds, samples, config.nb_harmonics + 1, mel.device)
-    cache_source = torch.stack([c.source for c in caches]).unsqueeze(1)
-    speech, source = hift(mel_in, cache_source, noise)
-    if caches[0].held_samples:
-        speech = cross_fade(speech, torch.stack([c.speech for c in caches]))
-    keep = min(config.cache_samples, samples)
-    new_caches = [
-        HiftCache(
-            mel=mel_in[row, :, -config.mel_cache_frames :].clone(),
-            source=source[row, 0, -config.cache_samples :].clone(),
-            speech=speech[row, -config.cache_samples :].clone(),
+    return _step(hift, caches, list(mel), final, noise_seeds, ragged=False)
+
+
+def stream_step_ragged(
+    hift: HiFTGenerator,
+    caches: Sequence[HiftCache],
+    mels: Sequence[Tensor],
+    final: bool,
+    noise_seeds: Sequence[int],
+) -> StreamStep:
+    """`stream_step` for B rows of any cache and window lengths in one call; mels[b] is
+    (80, F_b). Each row within rounding of its solo step (vocoder.hift_ragged)."""
+    return _step(hift, caches, mels, final, noise_seeds, ragged=True)
+
+
+def _step(
+    hift: HiFTGenerator,
+    caches: Sequence[HiftCache],
+    mels: Sequence[Tensor],
+    final: bool,
+    noise_seeds: Sequence[int],
+    ragged: bool,
+) -> StreamStep:
+    """Scheme A for B rows: their cached then new mel in one HiFT call, then per row the
+    cross-fade, the hold-back and the new caches."""
+    config = hift.config
+    rows = [torch.cat([c.mel.to(m.dtype), m], dim=1) for c, m in zip(caches, mels, strict=True)]
+    frames = [int(row.shape[1]) for row in rows]
+    cached = [int(cache.source.shape[0]) for cache in caches]
+    mel_in = torch.stack([F.pad(row, (0, max(frames) - row.shape[1])) for row in rows])
+    samples = [count * config.samples_per_frame for count in frames]
+    noise = draw_source_noise(noise_seeds, samples, config.nb_harmonics + 1, mel_in.device)
+    cache_source = torch.stack(
+        [F.pad(c.source, (0, max(cached) - n)) for c, n in zip(caches, cached, strict=True)]
+    )
+    if ragged:
+        layout = HiftRows(tuple(frames), tuple(cached))
+        speech, source = hift(mel_in, cache_source.unsqueeze(1), noise, layout)
+    else:
+        speech, source = hift(mel_in, cache_source.unsqueeze(1), noise)
+    audio, new_caches = [], []
+    for b, (cache, total) in enumerate(zip(caches, samples, strict=True)):
+        row = speech[b : b + 1, :total]
+        if cache.held_samples:
+            row = cross_fade(row, cache.speech[None])
+        keep = min(config.cache_samples, total)
+        start = total - keep
+        new_caches.append(
+            HiftCache(
+                mel=rows[b][:, -config.mel_cache_frames :].clone(),
+                source=source[b, 0, start:total].clone(),
+                speech=row[0, start:].clone(),
+            )
         )
-        for row in range(len(caches))
-    ]
-    emitted = speech if final else speech[:, : samples - keep]
-    return StreamStep(audio=[emitted[row].clone() for row in range(len(caches))], caches=new_caches)
+        audio.append((row[0] if final else row[0, :start]).clone())
+    return StreamStep(audio=audio, caches=new_caches)
 
 
 # ---------------------------------------------------------------------------------------------
