@@ -33,11 +33,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any
+from typing import ClassVar, Self
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -45,11 +44,14 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
 from codeclog.vocoder.hift import (
+    HiftConfig,
     Snake,
     _hann_periodic,
     filter_stages,
     fuse_weight_norm,
+    initialise_hift,
     resblock_stacks,
+    source_downs,
 )
 from codeclog.vocoder.kernels import portable_active
 
@@ -58,78 +60,31 @@ UPSTREAM_NOISE_TABLE_SAMPLES = 300 * 24000  # SineGen2.sine_waves: 300 s of (sam
 
 
 @dataclasses.dataclass(frozen=True)
-class CausalHiftConfig:
+class CausalHiftConfig(HiftConfig):
     """Sizes of the causal HiFT (defaults: the published CosyVoice3 / minicpmo-utils 1.0.7
-    `config.yaml`) and of its streaming rule."""
+    `config.yaml`, the generator's the same as scheme A's) and of its streaming rule: the
+    generator's fields are HiftConfig's (the F0 predictor's f0_layers convs: one k=4 looking 3
+    frames right, then k=3 left-causal ones); scheme A's mel_cache_frames is not used here
+    (scheme B's delay follows from the model's contexts, `context_limits`)."""
 
-    in_channels: int = 80
-    base_channels: int = 512
-    nb_harmonics: int = 8
-    sampling_rate_hz: int = 24000
-    nsf_alpha: float = 0.1
-    nsf_sigma: float = 0.003
-    nsf_voiced_threshold_hz: float = 10.0
-    upsample_rates: tuple[int, ...] = (8, 5, 3)
-    upsample_kernel_sizes: tuple[int, ...] = (16, 11, 7)
-    istft_n_fft: int = 16
-    istft_hop: int = 4
-    resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
-    resblock_dilations: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
-    source_resblock_kernel_sizes: tuple[int, ...] = (7, 7, 11)
-    source_resblock_dilations: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
-    lrelu_slope: float = 0.1
-    audio_limit: float = 0.99
-    f0_channels: int = 512  # the F0 predictor: 5 convs (k=4 looking right, then 4x k=3 left)
+    KIND: ClassVar[str] = "causal HiFT"
+
     conv_pre_look_right: int = 4
     block_frames: int = 16  # internal streaming block (BoundedVocoder's default)
     noise_table_samples: int = UPSTREAM_NOISE_TABLE_SAMPLES  # wraps around after this many
     noise_seed: int = 0  # the noise table's generator seed (upstream: the global RNG at init)
 
     def __post_init__(self) -> None:
-        stages = len(self.upsample_rates)
-        lengths = {
-            len(self.upsample_kernel_sizes),
-            len(self.source_resblock_kernel_sizes),
-            len(self.source_resblock_dilations),
-        }
-        if lengths != {stages}:
-            raise VocoderConfigError("need one kernel, source kernel and dilation list per stage")
-        if len(self.resblock_kernel_sizes) != len(self.resblock_dilations):
-            raise VocoderConfigError("resblock kernel sizes and dilations differ in length")
-        if self.base_channels % (2**stages) or self.base_channels < 2**stages:
-            raise VocoderConfigError(f"base_channels must be a multiple of {2**stages}")
+        super().__post_init__()
         if min(self.block_frames, self.conv_pre_look_right, self.noise_table_samples) < 1:
             raise VocoderConfigError("block_frames, conv_pre_look_right, noise table must be >= 1")
         if self.samples_per_frame != 480 or self.sampling_rate_hz != 24000:
             raise VocoderConfigError("the causal HiFT runs at 24 kHz, 480 samples per mel frame")
 
-    @property
-    def samples_per_frame(self) -> int:
-        return math.prod(self.upsample_rates) * self.istft_hop
-
     @classmethod
-    def full(cls) -> CausalHiftConfig:
-        return cls()
-
-    @classmethod
-    def tiny(cls) -> CausalHiftConfig:
+    def tiny(cls) -> Self:
         """Same interface, fast on 2 CPU cores; a 4 s noise table, so tests wrap around it."""
-        return cls(base_channels=16, f0_channels=16, noise_table_samples=4 * 24000)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> CausalHiftConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise VocoderConfigError(f"unknown causal HiFT config keys: {', '.join(unknown)}")
-        return cls(**{key: _freeze(value) for key, value in raw.items()})
-
-
-def _freeze(value: Any) -> Any:
-    return tuple(_freeze(item) for item in value) if isinstance(value, list) else value
+        return dataclasses.replace(super().tiny(), noise_table_samples=4 * 24000)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,15 +172,16 @@ def _padding_of(module: nn.Module) -> int:
 
 
 class CausalConvRNNF0Predictor(nn.Module):
-    """Mel -> F0 (Hz): conv k=4 looking 3 frames right, 4 left-causal k=3 convs, ELU, linear."""
+    """Mel -> F0 (Hz): conv k=4 looking 3 frames right, layers - 1 (upstream: 4) left-causal
+    k=3 convs, ELU, linear."""
 
-    def __init__(self, in_channels: int, channels: int) -> None:
+    def __init__(self, in_channels: int, channels: int, layers: int) -> None:
         super().__init__()
         stack: list[nn.Module] = [
             weight_norm(CausalConv1d(in_channels, channels, 4, causal_type="right")),
             nn.ELU(),
         ]
-        for _ in range(4):
+        for _ in range(layers - 1):
             stack += [weight_norm(CausalConv1d(channels, channels, 3)), nn.ELU()]
         self.condnet = nn.Sequential(*stack)
         self.classifier = nn.Linear(channels, 1)
@@ -287,12 +243,14 @@ class CausalHiFTGenerator(nn.Module):
             )
             for i, (u, k) in enumerate(zip(rates, config.upsample_kernel_sizes, strict=True))
         )
-        self.source_downs = nn.ModuleList(_source_downs(config))
+        self.source_downs = source_downs(config, _pointwise, _strided)
         self.source_resblocks, self.resblocks = resblock_stacks(config, CausalResBlock)
         last = config.base_channels // 2 ** len(rates)
         self.conv_post = weight_norm(CausalConv1d(last, config.istft_n_fft + 2, 7))
         self.reflection_pad = nn.ReflectionPad1d((1, 0))
-        self.f0_predictor = CausalConvRNNF0Predictor(config.in_channels, config.f0_channels)
+        self.f0_predictor = CausalConvRNNF0Predictor(
+            config.in_channels, config.f0_channels, config.f0_layers
+        )
         self.stft_window = _hann_periodic(config.istft_n_fft)  # not in the state dict
 
     def _window(self, device: torch.device) -> Tensor:
@@ -329,17 +287,12 @@ class CausalHiFTGenerator(nn.Module):
         return torch.clamp(speech, -config.audio_limit, config.audio_limit)
 
 
-def _source_downs(config: CausalHiftConfig) -> list[nn.Module]:
-    downsample_rates = [1, *config.upsample_rates[::-1][:-1]]
-    cumulative = [int(u) for u in np.cumprod(downsample_rates)[::-1]]
-    layers: list[nn.Module] = []
-    for i, rate in enumerate(cumulative):
-        cout, cin = config.base_channels // 2 ** (i + 1), config.istft_n_fft + 2
-        if rate == 1:
-            layers.append(CausalConv1d(cin, cout, 1))
-        else:
-            layers.append(CausalConv1dDownSample(cin, cout, rate * 2, rate))
-    return layers
+def _pointwise(cin: int, cout: int) -> nn.Module:
+    return CausalConv1d(cin, cout, 1)
+
+
+def _strided(cin: int, cout: int, rate: int) -> nn.Module:
+    return CausalConv1dDownSample(cin, cout, rate * 2, rate)
 
 
 def build_causal_hift(config: CausalHiftConfig) -> CausalHiFTGenerator:
@@ -699,13 +652,4 @@ def initialise_causal_hift(model: CausalHiFTGenerator, seed: int) -> None:
     the scheme-A fixture rule (`vocoder.hift.initialise_hift`: every layer U(+-gain/sqrt(fan_in)),
     weight-norm gains equal to their direction's norm, Snake alphas 1) and the F0 head biased to
     about 150 Hz, so most frames are voiced and the harmonic source runs."""
-    from codeclog.vocoder.hift import FIXTURE_F0_GAIN, FIXTURE_F0_HZ, _initialise_module
-
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            _initialise_module(name, module, generator)
-        head = model.f0_predictor.classifier
-        bound = FIXTURE_F0_GAIN / math.sqrt(head.weight.shape[1])
-        head.weight.uniform_(-bound, bound, generator=generator)
-        head.bias.fill_(FIXTURE_F0_HZ)
+    initialise_hift(model, seed)

@@ -83,7 +83,6 @@ from torch import Tensor
 from codeclog.cores import one_per_core
 from codeclog.vocoder.causal_hift import (
     CausalHiftCache,
-    CausalHiftConfig,
     CausalHiFTGenerator,
     CausalVocoder,
 )
@@ -268,7 +267,7 @@ class Code2WavEngine:
         self.hift = hift.to(self.device).eval()
         self.flow = flow.to(device=self.device, dtype=DTYPES[dtype]).eval()
         self.flow_config = flow.config
-        self.hift_config: HiftConfig | CausalHiftConfig = hift.config
+        self.hift_config: HiftConfig = hift.config  # a CausalHiftConfig extends it
         with self.scope():  # constant tables and the default voice's noise: the engine's kernels
             self.flow.fill_buffers()
             self.default_voice = voice if voice is not None else default_voice(flow.config)
@@ -408,7 +407,7 @@ class Code2WavEngine:
         empty: HiftState = (
             self.causal.empty_cache()
             if self.causal is not None
-            else HiftCache.empty(self._scheme_a_config(), self.device)
+            else HiftCache.empty(self.hift_config, self.device)
         )
         return StreamState(
             flow=self._prompt_state(chosen),
@@ -422,10 +421,6 @@ class Code2WavEngine:
     def _scheme_a_hift(self) -> HiFTGenerator:
         assert isinstance(self.hift, HiFTGenerator)
         return self.hift
-
-    def _scheme_a_config(self) -> HiftConfig:
-        assert isinstance(self.hift_config, HiftConfig)
-        return self.hift_config
 
     def _prompt_state(self, voice: Voice) -> FlowState:
         key = (voice.voice_id, voice.fingerprint)
@@ -467,7 +462,7 @@ class Code2WavEngine:
             frames = limits.history + limits.delay + config.block_frames
             values = frames * (config.in_channels + config.samples_per_frame)
             return 4 * values + 8 * (config.nb_harmonics + 1)
-        hift = self._scheme_a_config()
+        hift = self.hift_config
         return 4 * (hift.in_channels * hift.mel_cache_frames + 2 * hift.cache_samples)
 
     def default_state_budget_bytes(self) -> int:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 import numpy as np
 import torch
@@ -48,7 +48,10 @@ UPSTREAM_PREFIX = "generator."  # hift.pt keys carry it when saved from the trai
 @dataclasses.dataclass(frozen=True)
 class HiftConfig:
     """Every size of the HiFT generator and of its streaming rule. Defaults are the published
-    sizes (`hift.pt` of Step-Audio2 / MiniCPM-o 4.5 `assets/token2wav`)."""
+    sizes (`hift.pt` of Step-Audio2 / MiniCPM-o 4.5 `assets/token2wav`). The causal HiFT's
+    config extends it (vocoder.causal_hift.CausalHiftConfig)."""
+
+    KIND: ClassVar[str] = "HiFT"  # names the config in its errors
 
     in_channels: int = 80  # mel bins
     base_channels: int = 512  # channels after conv_pre; halved at every upsampling stage
@@ -100,11 +103,11 @@ class HiftConfig:
         return self.mel_cache_frames * self.samples_per_frame
 
     @classmethod
-    def full(cls) -> HiftConfig:
+    def full(cls) -> Self:
         return cls()
 
     @classmethod
-    def tiny(cls) -> HiftConfig:
+    def tiny(cls) -> Self:
         """Same interface (80 mels, 24 kHz, 480 samples per frame), fast on 2 CPU cores."""
         return cls(base_channels=16, f0_channels=16)
 
@@ -112,11 +115,11 @@ class HiftConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> HiftConfig:
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - set(fields))
+    def from_dict(cls, raw: Mapping[str, Any]) -> Self:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
         if unknown:
-            raise VocoderConfigError(f"unknown HiFT config keys: {', '.join(unknown)}")
+            raise VocoderConfigError(f"unknown {cls.KIND} config keys: {', '.join(unknown)}")
         return cls(**{key: _freeze(value) for key, value in raw.items()})
 
 
@@ -308,7 +311,7 @@ class HiFTGenerator(nn.Module):
         self.m_source = SourceModuleHnNSF2(config)
         self.conv_pre = _wn_conv(config.in_channels, config.base_channels, 7, 1, 3)
         self.ups = nn.ModuleList(_up_layers(config))
-        self.source_downs = nn.ModuleList(_source_downs(config))
+        self.source_downs = source_downs(config, _pointwise, _strided)
         self.source_resblocks, self.resblocks = resblock_stacks(config, ResBlock)
         last = config.base_channels // 2 ** len(config.upsample_rates)
         self.conv_post = _wn_conv(last, config.istft_n_fft + 2, 7, 1, 3)
@@ -466,19 +469,30 @@ def resblock_stacks(
     )
 
 
-def _source_downs(config: HiftConfig) -> list[nn.Module]:
-    """Plain convs (no weight norm upstream) bringing the excitation STFT to each stage's rate."""
+def source_downs(
+    config: HiftConfig,
+    pointwise: Callable[[int, int], nn.Module],
+    strided: Callable[[int, int, int], nn.Module],
+) -> nn.ModuleList:
+    """The convs bringing the excitation STFT to each upsampling stage's rate: `pointwise`
+    (in, out) where the rate is 1 (the last stage), `strided` (in, out, rate) elsewhere; the
+    variant's layer classes (scheme A: plain convs, no weight norm upstream)."""
     downsample_rates = [1, *config.upsample_rates[::-1][:-1]]
-    cumulative = np.cumprod(downsample_rates)[::-1]
-    layers: list[nn.Module] = []
-    for i, rate in enumerate(int(u) for u in cumulative):
+    cumulative = [int(u) for u in np.cumprod(downsample_rates)[::-1]]
+    cin = config.istft_n_fft + 2
+    layers = []
+    for i, rate in enumerate(cumulative):
         cout = config.base_channels // 2 ** (i + 1)
-        cin = config.istft_n_fft + 2
-        if rate == 1:
-            layers.append(nn.Conv1d(cin, cout, 1, 1))
-        else:
-            layers.append(nn.Conv1d(cin, cout, rate * 2, rate, padding=rate // 2))
-    return layers
+        layers.append(pointwise(cin, cout) if rate == 1 else strided(cin, cout, rate))
+    return nn.ModuleList(layers)
+
+
+def _pointwise(cin: int, cout: int) -> nn.Module:
+    return nn.Conv1d(cin, cout, 1, 1)
+
+
+def _strided(cin: int, cout: int, rate: int) -> nn.Module:
+    return nn.Conv1d(cin, cout, rate * 2, rate, padding=rate // 2)
 
 
 def strip_upstream_prefix(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -657,7 +671,7 @@ FIXTURE_F0_HZ = 150.0  # F0 head bias: most frames voiced (> 10 Hz), the harmoni
 FIXTURE_F0_GAIN = 60.0  # F0 head weights: F0 moves with the mel (about 120-170 Hz)
 
 
-def initialise_hift(model: HiFTGenerator, seed: int) -> None:
+def initialise_hift(model: nn.Module, seed: int) -> None:
     """Random weights from one seeded generator, for fixtures (real weights come from hift.pt).
 
     Not upstream's training init (N(0, 0.01) for the upsampling, resblock and output convs):
@@ -665,13 +679,15 @@ def initialise_hift(model: HiFTGenerator, seed: int) -> None:
     is the source noise alone, so a golden hash would not notice a broken flow. Instead every
     layer draws U(+-FIXTURE_GAIN/sqrt(fan_in)) (conv_post FIXTURE_POST_GAIN), the F0 head is set
     so that most frames are voiced, weight-norm gains equal the norm of their direction (the
-    effective weight is the drawn one) and Snake alphas are 1.
+    effective weight is the drawn one) and Snake alphas are 1. `model`: a HiFTGenerator or a
+    CausalHiFTGenerator (the same parameter names).
     """
     generator = torch.Generator(device="cpu").manual_seed(seed)
     with torch.no_grad():
         for name, module in model.named_modules():
             _initialise_module(name, module, generator)
-        head = model.f0_predictor.classifier
+        head = model.get_submodule("f0_predictor.classifier")
+        assert isinstance(head, nn.Linear)
         bound = FIXTURE_F0_GAIN / math.sqrt(head.weight.shape[1])
         head.weight.uniform_(-bound, bound, generator=generator)
         head.bias.fill_(FIXTURE_F0_HZ)

@@ -9,6 +9,7 @@ property allows INVARIANCE_ATOL = 1e-4 (audio is in +-0.99).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from codeclog.vocoder.checkpoint import (
     load_causal_hift,
 )
 from codeclog.vocoder.errors import CheckpointError, VocoderConfigError, VocoderInputError
+from codeclog.vocoder.hift import HiftConfig
 
 pytestmark = pytest.mark.vocoder
 INVARIANCE_ATOL = 1e-4
@@ -130,6 +132,17 @@ def test_config_refuses_unknown_keys_and_other_rates() -> None:
                          source_resblock_dilations=((1, 3, 5), (1, 3, 5)))  # fmt: skip
     config = CausalHiftConfig.tiny()
     assert CausalHiftConfig.from_dict(config.to_dict()) == config
+
+
+def test_the_config_extends_scheme_a_s_and_sizes_the_f0_predictor_with_it() -> None:
+    causal, scheme_a = CausalHiftConfig.tiny(), HiftConfig.tiny()
+    assert isinstance(causal, HiftConfig)
+    shared = {field.name for field in dataclasses.fields(HiftConfig)}
+    assert {k: v for k, v in causal.to_dict().items() if k in shared} == scheme_a.to_dict()
+    with pytest.raises(VocoderConfigError, match="must be a multiple"):  # scheme A's own check
+        CausalHiftConfig(base_channels=12)
+    model = build_causal_hift(dataclasses.replace(causal, f0_layers=3))
+    assert sum(1 for m in model.f0_predictor.condnet if not isinstance(m, torch.nn.ELU)) == 3
 
 
 def test_the_noise_table_comes_from_its_seed_not_the_global_rng() -> None:
