@@ -23,10 +23,13 @@ NOWHERE = ["--bootstrap", "127.0.0.1:1"]  # never contacted: every case fails be
 
 
 def _codeclog(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # without $CODECLOG_BOOTSTRAP (set to reuse a dev broker): with --bootstrap as well, the CLI
+    # adds a line saying which address it used, and these cases count lines
+    inherited = {k: v for k, v in os.environ.items() if k != ENV_BOOTSTRAP}
     return subprocess.run(
         [sys.executable, "-m", "codeclog.cli", *argv],
         cwd=ROOT,
-        env={**os.environ, **(env or {})},
+        env={**inherited, **(env or {})},
         capture_output=True,
         text=True,
         timeout=120,
