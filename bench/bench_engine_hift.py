@@ -31,7 +31,7 @@ from codeclog.vocoder.causal_hift import (  # noqa: E402
     build_causal_hift,
     initialise_causal_hift,
 )
-from codeclog.vocoder.engine import Code2WavEngine  # noqa: E402
+from codeclog.vocoder.engine import Code2WavEngine, EngineOptions  # noqa: E402
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow  # noqa: E402
 from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift  # noqa: E402
 
@@ -39,19 +39,16 @@ SILENCE = 4218
 
 
 def engines(name: str, threads: int) -> tuple[Code2WavEngine, Code2WavEngine]:
-    options = {"kernels": "native", "workers": 1, "threads": threads}
+    options: EngineOptions = {"kernels": "native", "workers": 1, "threads": threads}
     if name == "tiny":
-        return (
-            Code2WavEngine.tiny(**options),  # type: ignore[arg-type]
-            Code2WavEngine.tiny(hift="causal", **options),  # type: ignore[arg-type]
-        )
+        return Code2WavEngine.tiny(**options), Code2WavEngine.tiny(hift="causal", **options)
     hift = build_hift(HiftConfig.full())
     initialise_hift(hift, 0)
     causal = build_causal_hift(CausalHiftConfig.full())
     initialise_causal_hift(causal, 0)
     # the flow is seeded by FlowConfig.init_seed: both engines get the same weights
-    a = Code2WavEngine(Token2WavFlow(FlowConfig.full()), hift, spec="full", **options)  # type: ignore[arg-type]
-    b = Code2WavEngine(Token2WavFlow(FlowConfig.full()), causal, spec="full", **options)  # type: ignore[arg-type]
+    a = Code2WavEngine(Token2WavFlow(FlowConfig.full()), hift, spec="full", **options)
+    b = Code2WavEngine(Token2WavFlow(FlowConfig.full()), causal, spec="full", **options)
     return a, b
 
 

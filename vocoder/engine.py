@@ -75,6 +75,7 @@ import itertools
 from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -180,6 +181,20 @@ class WindowRejectedError(VocoderInputError):
 DecodeItem = tuple[StreamState, Sequence[int], bool]
 
 
+class EngineOptions(TypedDict, total=False):
+    """The keywords of Code2WavEngine and of its constructors from_spec, tiny and load (which
+    also take `hift`, the variant to load), every one optional."""
+
+    device: str  # "cpu" (the default), "cuda", ...
+    dtype: str  # the flow's: "float32" (the default), "bfloat16", "float16" (CUDA only)
+    batch_invariant: bool | None  # None: on the CPU (rows byte-identical to solo decodes)
+    threads: int | None  # intra-op threads (vocoder.determinism); None: its default
+    workers: int | None  # decode workers; None: `default_workers`
+    voice: Voice | None  # the default voice; None: `vocoder.voice.default_voice`
+    kernels: str | Kernels | None  # "native" or "portable"; None: `default_kernels`
+    batching: str  # "exact" (the default) or "ragged"
+
+
 @dataclasses.dataclass
 class DecodeCalls:
     """Model calls an engine made: `flow` (conformer + CFM solve) and `hift` (vocoder)."""
@@ -215,16 +230,10 @@ class Code2WavEngine:
         flow: Token2WavFlow,
         hift: HiFTGenerator | CausalHiFTGenerator,
         *,
-        device: str = "cpu",
-        dtype: str = "float32",
-        batch_invariant: bool | None = None,
-        threads: int | None = None,
-        workers: int | None = None,
-        voice: Voice | None = None,
         spec: str = "custom",
-        kernels: str | Kernels | None = None,
-        batching: str = "exact",
+        **options: Unpack[EngineOptions],
     ) -> None:
+        dtype, batching = options.get("dtype", "float32"), options.get("batching", "exact")
         if dtype not in DTYPES:
             raise VocoderConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if batching not in BATCHING:
@@ -240,7 +249,8 @@ class Code2WavEngine:
         self.hift_variant = HiftVariant.CAUSAL if causal else HiftVariant.NONCAUSAL
         self.batching = batching
         self.calls = DecodeCalls()  # flow and HiFT calls so far (a step's count: the delta)
-        self.device = torch.device(device)
+        self.device = torch.device(options.get("device", "cpu"))
+        kernels = options.get("kernels")
         self.kernels = default_kernels(self.device) if kernels is None else Kernels.parse(kernels)
         if self.kernels is Kernels.PORTABLE and self.device.type != "cpu":
             raise VocoderConfigError("portable kernels run on the CPU only (use --kernels native)")
@@ -248,10 +258,14 @@ class Code2WavEngine:
             raise VocoderConfigError(half_precision_refusal())
         self.dtype = dtype
         self.spec = spec
-        self.determinism: DeterminismSettings = apply_determinism(self.device, threads)
+        self.determinism: DeterminismSettings = apply_determinism(
+            self.device, options.get("threads")
+        )
+        batch_invariant = options.get("batch_invariant")
         self.batch_invariant = (
             self.device.type == "cpu" if batch_invariant is None else bool(batch_invariant)
         )
+        workers = options.get("workers")
         self.workers = default_workers(self.device) if workers is None else workers
         if self.workers < 1:
             raise VocoderConfigError(f"workers must be >= 1, got {self.workers}")
@@ -268,6 +282,7 @@ class Code2WavEngine:
         self.flow = flow.to(device=self.device, dtype=DTYPES[dtype]).eval()
         self.flow_config = flow.config
         self.hift_config: HiftConfig = hift.config  # a CausalHiftConfig extends it
+        voice = options.get("voice")
         with self.scope():  # constant tables and the default voice's noise: the engine's kernels
             self.flow.fill_buffers()
             self.default_voice = voice if voice is not None else default_voice(flow.config)
@@ -298,68 +313,30 @@ class Code2WavEngine:
 
     @classmethod
     def from_spec(
-        cls,
-        spec: str,
-        device: str = "cpu",
-        dtype: str = "float32",
-        threads: int | None = None,
-        workers: int | None = None,
-        kernels: str | Kernels | None = None,
-        batching: str = "exact",
-        hift: str | HiftVariant = "noncausal",
+        cls, spec: str, *, hift: str | HiftVariant = "noncausal", **options: Unpack[EngineOptions]
     ) -> Code2WavEngine:
         """Spec "tiny" = the committed tiny fixture; anything else = a checkpoint directory.
         `hift`: "noncausal" (scheme A, the default) or "causal" (scheme B)."""
-        options = {
-            "device": device,
-            "dtype": dtype,
-            "threads": threads,
-            "workers": workers,
-            "batching": batching,
-            "hift": hift,
-        }
         if spec == "tiny":
-            return cls.tiny(**options, kernels=kernels)  # type: ignore[arg-type]
-        return cls.load(spec, **options, kernels=kernels)  # type: ignore[arg-type]
+            return cls.tiny(hift=hift, **options)
+        return cls.load(spec, hift=hift, **options)
 
     @classmethod
     def tiny(
-        cls,
-        device: str = "cpu",
-        dtype: str = "float32",
-        threads: int | None = None,
-        workers: int | None = None,
-        kernels: str | Kernels | None = None,
-        batching: str = "exact",
-        hift: str | HiftVariant = "noncausal",
+        cls, *, hift: str | HiftVariant = "noncausal", **options: Unpack[EngineOptions]
     ) -> Code2WavEngine:
         """The tiny fixture; its causal HiFT (hift="causal") is `load_causal_fixture`'s."""
         flow, noncausal = load_fixture()
-        variant = HiftVariant.parse(hift)
-        vocoder = load_causal_fixture() if variant is HiftVariant.CAUSAL else noncausal
-        return cls(
-            flow,
-            vocoder,
-            device=device,
-            dtype=dtype,
-            threads=threads,
-            workers=workers,
-            spec="tiny",
-            kernels=kernels,
-            batching=batching,
-        )
+        causal = HiftVariant.parse(hift) is HiftVariant.CAUSAL
+        return cls(flow, load_causal_fixture() if causal else noncausal, spec="tiny", **options)
 
     @classmethod
     def load(
         cls,
         checkpoint_dir: str | Path,
-        device: str = "cpu",
-        dtype: str = "float32",
-        threads: int | None = None,
-        workers: int | None = None,
-        kernels: str | Kernels | None = None,
-        batching: str = "exact",
+        *,
         hift: str | HiftVariant = "noncausal",
+        **options: Unpack[EngineOptions],
     ) -> Code2WavEngine:
         """A published checkpoint directory (flow.yaml, flow.pt, hift.pt; see checkpoint.py).
         Streams use the default voice (prompt extraction from ONNX models is not built).
@@ -368,18 +345,7 @@ class Code2WavEngine:
         variant = choose_hift_variant(layout, hift)
         flow, noncausal = load_checkpoint(layout)
         vocoder = load_causal_hift(layout) if variant is HiftVariant.CAUSAL else noncausal
-        spec = str(layout.directory)
-        return cls(
-            flow,
-            vocoder,
-            device=device,
-            dtype=dtype,
-            threads=threads,
-            workers=workers,
-            spec=spec,
-            kernels=kernels,
-            batching=batching,
-        )
+        return cls(flow, vocoder, spec=str(layout.directory), **options)
 
     def describe(self) -> dict[str, object]:
         """What this engine is, for logs and run records."""
