@@ -35,7 +35,8 @@ from codeclog.schemas.records import CodecChunk, ControlEvent
 
 UNDECODABLE = RejectReason.UNDECODABLE_RECORD.value
 MAX_WORKERS = 4  # processes a tolerant replay uses by default (capped by the cores)
-MIN_RECORDS_PER_WORKER = 25_000  # below this a second process costs more than it saves
+# below this a second process costs more than it saves (the fork, the report pickled back)
+MIN_RECORDS_PER_WORKER = 10_000
 Progress = Callable[[int], None]  # called with the records done so far
 Part = tuple[dict[str, Any], Counter[str]]  # a report and its dead-letter reasons
 

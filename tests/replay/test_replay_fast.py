@@ -387,7 +387,7 @@ def test_the_cli_splits_a_large_capture_and_prints_the_same_report(
     tmp_path: Path, run_cli: Callable[[Sequence[str]], tuple[int, str, str]]
 ) -> None:
     """Above the real threshold (no patching): 2 processes and 1 give the same --json bytes."""
-    events = realistic_events(random.Random(11), sessions=1800, turns=4)
+    events = realistic_events(random.Random(11), sessions=800, turns=4)
     records = records_from_events(events, partitions=8)
     path = _write(tmp_path, records, 8, "large.ocf")
     assert len(records) >= 2 * fast.MIN_RECORDS_PER_WORKER
