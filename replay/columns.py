@@ -206,7 +206,10 @@ def _find_records(blocks: _Blocks, buffer: Bytes) -> Walk | None:
     ok = np.ones(len(candidates), dtype=bool)
     walked = walk(_PLAN, buffer, candidates, limits, ok, exact=False)
     chain = _chain(blocks, candidates, walked)
-    if chain is None or not _texts_valid(walked, blocks.data, chain):
+    if chain is None:
+        return None
+    block_starts = chain[np.isin(candidates[chain], blocks.starts[:-1])]
+    if not _texts_valid(walked, blocks.data, block_starts):
         return None
     return Walk(walked.ok[chain], walked.ends[chain], _pick(walked, chain))
 
@@ -266,9 +269,11 @@ def _pick(walked: Walk, chain: Int64s) -> dict[str, Any]:
     return {name: take(column, chain) for name, column in walked.columns.items()}
 
 
-def _texts_valid(walked: Walk, data: bytes, chain: Int64s) -> bool:
-    """Every topic decodes as UTF-8 (fastavro's reader would fail the block otherwise)."""
-    column = take(walked.columns["topic"], chain)
+def _texts_valid(walked: Walk, data: bytes, block_starts: Int64s) -> bool:
+    """Every topic decodes as UTF-8 (fastavro's reader would fail the block otherwise). Only
+    the records that start a block (`block_starts`, indexes into the candidates) are read: any
+    other record was found by the first record's topic, so it has that topic."""
+    column = take(walked.columns["topic"], block_starts)
     try:
         for topic in set(blobs(column, data)):
             topic.decode()

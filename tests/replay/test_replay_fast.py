@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from codeclog.consumers.fold.machine import Policy
 from codeclog.consumers.stream_limit import LimitOptions
-from codeclog.replay import fast
+from codeclog.replay import columns, fast
 from codeclog.replay.capture_format import CapturedRecord, RecordHeader, read_capture
 from codeclog.replay.columns import read_table
 from codeclog.replay.errors import CaptureFormatError
@@ -28,6 +28,7 @@ from codeclog.replay.runner import ReplayOptions, replay, report_json
 from codeclog.replay.scenario import read_scenario
 from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
 from codeclog.schemas import wire
+from codeclog.schemas.columnar import padded
 from codeclog.schemas.records import AudioChunk, CodecChunk, ControlEvent, ControlKind
 from codeclog.testing.upstream_streams import (
     StreamShape,
@@ -155,6 +156,21 @@ def test_a_record_of_another_topic_is_read_record_by_record(tmp_path: Path) -> N
     path = _write(tmp_path, records, 2, "topics.ocf")
     assert read_table(path) is None
     assert_same_replay(path, columnar=False)
+
+
+def test_a_block_whose_first_topic_is_not_utf8_is_not_a_table(tmp_path: Path) -> None:
+    """A block's first record is found by its place, not by the first record's topic bytes, so
+    its topic is checked as UTF-8 (fastavro's reader would fail the block)."""
+    records = records_from_events(realistic_events(random.Random(3), sessions=3, turns=1), 2)
+    path = _write(tmp_path, records, 2, "topics.ocf")
+    with open(path, "rb") as fo:
+        blocks = columns._read_blocks(fo)
+    assert columns._find_records(blocks, padded(blocks.data)) is not None
+    topic = records[0].topic.encode()
+    at = blocks.starts[1] + 1  # the second block's first record: its topic, after its length
+    assert blocks.data[at : at + len(topic)] == topic
+    data = blocks.data[:at] + topic[:-1] + b"\xff" + blocks.data[at + len(topic) :]
+    assert columns._find_records(dataclasses.replace(blocks, data=data), padded(data)) is None
 
 
 def test_an_empty_capture_is_a_table(tmp_path: Path) -> None:
