@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from codeclog.errors import CodeclogError, exit_code
+from codeclog.errors import EXIT_INTERRUPTED, EXIT_USAGE, CodeclogError, exit_code
 from codeclog.version import __version__
 
 COMMANDS: tuple[str, ...] = (
@@ -65,12 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     try:
         return int(func(args))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except CodeclogError as exc:  # one rule for every command (README, "Exit codes")
         print(f"codeclog {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)
         return exit_code(exc)

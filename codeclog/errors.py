@@ -1,17 +1,26 @@
-"""The one exception base of codeclog, and the one exit-code rule of every command.
+"""The one exception base of codeclog, and every exit code of every command, defined here once.
 
 Narrow subclasses live next to the code that raises them. Exit codes (README, "Exit codes"):
 0 ok, 1 failure (the cluster did not answer, a record was not delivered, ...), 2 usage or
-configuration (a bad option, an unreadable or invalid --kafka-config, a port in use, ...).
+configuration (a bad option, an unreadable or invalid --kafka-config, a port in use, ...). The
+commands that answer a question add documented codes of their own, named below. Only the
+command line prints and exits; the library raises, and `exit_code` maps the error.
 """
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_DIFFERENT = 1  # `diff`: the inputs differ
+EXIT_BROKER_STOPPED = 3  # `broker status`: every node is stopped
+EXIT_STRICT_FATAL = 3  # `vocode --policy strict`: the upstream stage would have died here
+EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
 class CodeclogError(Exception):
-    """Base of every error codeclog raises on purpose."""
+    """Base of every error codeclog raises on purpose. A subclass whose exit code is its
+    own (not 1 or 2) names it in EXIT_CODE."""
+
+    EXIT_CODE: int | None = None
 
 
 class UsageError(CodeclogError):
@@ -24,4 +33,7 @@ class ConfigError(UsageError):
 
 def exit_code(exc: BaseException) -> int:
     """The exit code for an error a command could not get past."""
+    own = getattr(exc, "EXIT_CODE", None)
+    if isinstance(own, int):
+        return own
     return EXIT_USAGE if isinstance(exc, UsageError | ValueError) else EXIT_FAILURE

@@ -1,8 +1,8 @@
 """The one driver from input records to audio: wire decode, fold, batched vocoder decode.
 
-The live consumer (consumers.service), the offline replay (replay/) and `codeclog verify` all run
-this class, so live and offline audio come from the same code path. It does no I/O: the caller
-reads records and performs the effects (Kafka produce, files).
+The live consumer (consumers.member.service), the offline replay (replay/) and `codeclog verify`
+all run this class, so live and offline audio come from the same code path. It does no I/O: the
+caller reads records and performs the effects (Kafka produce, files).
 
 A step takes a batch of records (in log order per partition) and returns audio chunks and dead
 letters. Decode windows of many requests are gathered and decoded in rounds: each round holds at
@@ -44,7 +44,7 @@ from codeclog.consumers.fold.outcomes import (
 )
 from codeclog.consumers.fold.report import ReportBuilder
 from codeclog.consumers.stream_limit import EVICTED_BY_CAP, StateSizes
-from codeclog.errors import CodeclogError
+from codeclog.errors import UsageError
 from codeclog.schemas import wire
 from codeclog.schemas.records import (
     MAX_CODEC_ID,
@@ -136,7 +136,7 @@ class EngineFacts(StateSizes, Protocol):
     def calls(self) -> ModelCalls: ...
 
 
-class EngineMismatchError(CodeclogError):
+class EngineMismatchError(UsageError):
     """The engine's window rules differ from the fold's: its windows would be refused or cut
     differently than the fold decided (lookahead frames or codec-id range); or a checkpoint
     was written by an engine of the other HiFT variant (check_checkpoint_fits)."""

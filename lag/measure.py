@@ -103,7 +103,7 @@ DEFAULT_READ_RECORDS = 64  # K: records decoded per lagging partition for the au
 DEFAULT_TIMEOUT_S = 10.0  # admin requests
 DEFAULT_READ_TIMEOUT_S = 3.0  # the head reader, all partitions together
 OFFSET_RESETS = ("earliest", "latest")  # auto.offset.reset values a lag can be measured from
-DEFAULT_OFFSET_RESET = "earliest"  # codeclog's consumer (consumers.service)
+DEFAULT_OFFSET_RESET = "earliest"  # codeclog's consumer (consumers.member.service)
 # A CreateTime (the producer's clock) is believed only this far ahead of the monitor's clock
 # (skew) and this far behind it (Kafka's default retention, log.retention.hours=168).
 CREATE_TIME_MAX_AHEAD_MS = 60_000

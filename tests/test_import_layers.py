@@ -34,7 +34,11 @@ PROBES = [
     ("codeclog/vocoder/_probe_up.py", "import codeclog.consumers.pipeline\n", "Layers"),
     ("codeclog/consumers/_probe_cli.py", "import codeclog.commands.vocode\n", "Layers"),
     ("codeclog/schemas/_probe_up.py", "import codeclog.topics\n", "Layers"),
-    ("codeclog/producers/_probe_sibling.py", "import codeclog.consumers.service\n", "Layers"),
+    (
+        "codeclog/producers/_probe_sibling.py",
+        "import codeclog.consumers.member.service\n",
+        "Layers",
+    ),
     # appended to an existing module (the contract names modules, not a package)
     ("codeclog/producers/talker.py", "import confluent_kafka\n", "The talker imports no Kafka"),
 ]

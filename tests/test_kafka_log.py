@@ -22,7 +22,7 @@ RAW_LINE = re.compile(r"^%\d\|", re.MULTILINE)  # librdkafka's own stderr format
 
 
 def _listener() -> None:
-    from codeclog.consumers.listener import AudioListener, StartMode
+    from codeclog.consumers.readers.listener import AudioListener, StartMode
 
     config = {"bootstrap.servers": NOWHERE}
     listener = AudioListener(config, "codec.audio", start=StartMode.BEGINNING, partitions=[0])
@@ -52,7 +52,7 @@ def _connector() -> None:
 
 
 def _verify_metadata() -> None:
-    from codeclog.consumers.verify import partitions_of
+    from codeclog.consumers.readers.verify import partitions_of
     from codeclog.errors import CodeclogError
 
     with pytest.raises(CodeclogError, match=f"no answer from the cluster at {NOWHERE}"):

@@ -19,7 +19,13 @@ from codeclog.cluster import (
     NodeStatus,
     NodeStatusKind,
 )
-from codeclog.errors import CodeclogError, ConfigError, exit_code
+from codeclog.errors import (
+    EXIT_BROKER_STOPPED,
+    EXIT_FAILURE,
+    CodeclogError,
+    ConfigError,
+    exit_code,
+)
 from codeclog.kafka_jars import ENV_KAFKA_LIBS, KAFKA_VERSION, JarFetcher
 from codeclog.paths import ENV_DATA_DIR, default_data_dir
 from codeclog.security import SECURITY_CHOICES, SUPER_USER
@@ -246,7 +252,7 @@ def _status(args: argparse.Namespace) -> int:
         kinds = {s.kind for s in statuses}
         if kinds == {NodeStatusKind.RUNNING}:
             return 0
-        return 3 if kinds == {NodeStatusKind.STOPPED} else 1
+        return EXIT_BROKER_STOPPED if kinds == {NodeStatusKind.STOPPED} else EXIT_FAILURE
     status = _broker(args).status()
     print(format_status(status))
     codes = {BrokerStatusKind.RUNNING: 0, BrokerStatusKind.STOPPED: 3, BrokerStatusKind.CRASHED: 1}

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from codeclog.errors import CodeclogError
+from codeclog.errors import EXIT_DIFFERENT, EXIT_OK, CodeclogError
 
 DESCRIPTION = """\
 Compare two captures (files written by `codeclog capture`) or two replay reports (the output of
@@ -62,4 +62,4 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {divergence.describe()}")
     else:
         print(f"identical: {args.a} and {args.b}")
-    return 1 if divergences else 0
+    return EXIT_DIFFERENT if divergences else EXIT_OK

@@ -17,7 +17,7 @@ from codeclog.config import (
     port_problem,
     topics_config,
 )
-from codeclog.errors import CodeclogError, exit_code
+from codeclog.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CodeclogError, exit_code
 from codeclog.lag.evaluator import EvaluatorConfig, GroupStatus, LagConfigError
 
 if TYPE_CHECKING:  # the runtime imports are local: `codeclog --help` need not load librdkafka
@@ -25,9 +25,7 @@ if TYPE_CHECKING:  # the runtime imports are local: `codeclog --help` need not l
     from codeclog.lag.report import GroupReport
 
 DEFAULT_GROUP = "codeclog-vocoder"  # the vocoder consumer's default group.id
-EXIT_OK = 0
-EXIT_FAILURE = 1  # --check: not OK; or the lag could not be measured (cluster, topic)
-EXIT_USAGE = 2  # bad arguments or configuration (argparse uses 2 as well)
+# exit codes (codeclog.errors): --check 1 when not OK or the lag could not be measured
 OFFSET_RESETS = ("earliest", "latest")  # lag.measure.OFFSET_RESETS (not imported: librdkafka)
 
 LAG_DESCRIPTION = """\

@@ -124,7 +124,12 @@ def run(args: argparse.Namespace) -> int:
         make_folder(args.out, "--out folder")  # before the cluster: a mistake is told at once
     client_config = kafka_client_config(args)  # errors: one line from the CLI (exit 2 or 1)
     topics = topics_config(args)
-    from codeclog.consumers.listener import AudioListener, Isolation, ListenerError, StartMode
+    from codeclog.consumers.readers.listener import (
+        AudioListener,
+        Isolation,
+        ListenerError,
+        StartMode,
+    )
 
     listener = AudioListener(
         client_config,

@@ -16,8 +16,8 @@ from codeclog.config import (
     limit_options,
     topics_config,
 )
-from codeclog.consumers.audio_compare import DEFAULT_MAX_ABS_LSB, DEFAULT_MIN_SNR_DB
 from codeclog.consumers.fold.machine import Policy
+from codeclog.consumers.readers.audio_compare import DEFAULT_MAX_ABS_LSB, DEFAULT_MIN_SNR_DB
 
 EPILOG = """\
 Exit codes: 0 every window of the offline replay appears exactly once on the audio topic with
@@ -125,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"codeclog verify: {problem}", file=sys.stderr)
             return 1
-    from codeclog.consumers.audio_compare import Bound
-    from codeclog.consumers.verify import verify
+    from codeclog.consumers.readers.audio_compare import Bound
+    from codeclog.consumers.readers.verify import verify
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr)

@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+from typing import Any
 
 from codeclog.config import (
     add_kafka_args,
@@ -17,7 +19,7 @@ from codeclog.config import (
     topics_config,
 )
 from codeclog.consumers.fold.machine import Policy
-from codeclog.errors import EXIT_USAGE, CodeclogError, exit_code
+from codeclog.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CodeclogError, exit_code
 
 EPILOG = """\
 Exit codes (README, "Exit codes"): 0 stopped cleanly (SIGTERM/SIGINT finish the current step
@@ -166,9 +168,7 @@ def _refused(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import threading
-
-    from codeclog.consumers.service import install_stop_handlers
+    from codeclog.consumers.member.startup import install_stop_handlers
 
     stop = threading.Event()
     install_stop_handlers(stop)  # before the (slow) model load: SIGTERM then exits cleanly
@@ -193,9 +193,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"codeclog vocode: {exc}", file=sys.stderr)
         return exit_code(exc)
     from codeclog.consumers.fold.machine import FoldConfig
-    from codeclog.consumers.metrics import VocoderMetrics
+    from codeclog.consumers.member.metrics import VocoderMetrics
+    from codeclog.consumers.member.service import VocodeConfig, VocoderService
     from codeclog.consumers.pipeline import check_engine_fits
-    from codeclog.consumers.service import VocodeConfig, VocoderService
     from codeclog.vocoder.engine import Code2WavEngine
 
     try:  # before the (slow) model load: a port in use is reported at once
@@ -231,7 +231,6 @@ def run(args: argparse.Namespace) -> int:
         limits=limits,
         exit_when_idle_s=args.exit_when_idle,
         outage_timeout_s=args.outage_timeout,
-        stop_timeout_s=args.stop_timeout,
     )
     service = VocoderService(
         client_config,
@@ -241,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
         metrics,
         stop_event=stop,
     )
-    code = service.run()
+    _watch_stop(stop, service.finished, args.stop_timeout, service.bootstrap)
+    code = _run(service)
     # A SIGTERM that arrives while the interpreter shuts down (handlers already reset) must not
     # turn a clean stop into "killed by signal": we are stopping anyway.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -261,3 +261,43 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _run(service: Any) -> int:
+    """The member's run as an exit code, its end as one line (README, "Exit codes")."""
+    from codeclog.consumers.kafka_calls import one_line
+
+    try:
+        service.run()
+        return EXIT_OK
+    except CodeclogError as exc:
+        print(f"codeclog vocode: {one_line(exc)}", file=sys.stderr)
+        return exit_code(exc)
+    except Exception as exc:  # a bug: still one line (the traceback is logged with -v)
+        logging.getLogger("codeclog.vocode").debug("unexpected error", exc_info=True)
+        print(f"codeclog vocode: unexpected {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _watch_stop(
+    stop: threading.Event, finished: threading.Event, timeout_s: float, bootstrap: str
+) -> None:
+    """SIGTERM ends the process within `timeout_s`, whatever is stuck: if the member has not
+    finished its clean stop by then, one line and exit 1 (the next member redoes the step)."""
+
+    def watch() -> None:
+        while not stop.wait(0.5):
+            if finished.is_set():
+                return
+        if finished.wait(timeout_s):
+            return
+        print(
+            f"codeclog vocode: asked to stop, but the current step did not finish within "
+            f"{timeout_s:g} s (cluster at {bootstrap}); exiting without committing it (the "
+            "next member redoes it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(EXIT_FAILURE)
+
+    threading.Thread(target=watch, name="codeclog-stop", daemon=True).start()

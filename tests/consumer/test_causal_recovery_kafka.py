@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.service import VocodeConfig, VocoderService
+from codeclog.consumers.member.service import VocodeConfig, VocoderService
+from codeclog.consumers.pipeline import EngineMismatchError
+from codeclog.errors import exit_code
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk
 
@@ -20,7 +22,7 @@ SILENCE = (4218,) * 3
 # test_recovery_refuses_a_causal_stream_before_decoding_anything
 @pytest.mark.nightly
 def test_a_noncausal_member_refuses_the_open_streams_of_a_causal_member(
-    stack: Any, tiny_engine: Any, capsys: pytest.CaptureFixture[str]
+    stack: Any, tiny_engine: Any
 ) -> None:
     from codeclog.vocoder.engine import Code2WavEngine
 
@@ -32,10 +34,11 @@ def test_a_noncausal_member_refuses_the_open_streams_of_a_causal_member(
     stack.publish_raw([(rid.encode(), wire.encode(chunk)) for chunk in chunks])
     config = VocodeConfig(group=stack.group, exit_when_idle_s=3.0)
     causal = Code2WavEngine.from_spec("tiny", hift="causal")
-    assert VocoderService(stack.client, stack.topics, config, causal).run() == 0
-    capsys.readouterr()
-    code = VocoderService(stack.client, stack.topics, config, tiny_engine).run()
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert f"request {rid}: its checkpoint was written by a causal HiFT engine" in err
-    assert "run it with --hift causal" in err
+    VocoderService(stack.client, stack.topics, config, causal).run()
+    with pytest.raises(EngineMismatchError) as refused:
+        VocoderService(stack.client, stack.topics, config, tiny_engine).run()
+    assert exit_code(refused.value) == 2
+    assert f"request {rid}: its checkpoint was written by a causal HiFT engine" in str(
+        refused.value
+    )
+    assert "run it with --hift causal" in str(refused.value)

@@ -122,7 +122,7 @@ def test_a_checkpoint_of_the_same_variant_fits(written: str, here: str) -> None:
 
 def test_recovery_refuses_a_causal_stream_before_decoding_anything() -> None:
     """The check runs before the epoch is read back (no cluster is touched: none exists)."""
-    from codeclog.consumers.recovery import Recovery, RecoverySource
+    from codeclog.consumers.member.recovery import Recovery, RecoverySource
     from codeclog.schemas.records import StreamCheckpoint
 
     recovery = Recovery(RecoverySource({}, "chunks", "progress", "g", 0.1), metrics=None)  # type: ignore[arg-type]

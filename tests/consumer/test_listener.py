@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from codeclog.consumers.listener import (
+from codeclog.consumers.readers.listener import (
     Assembler,
     AudioListener,
     Isolation,

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from codeclog.consumers.log_reader import read_partition
+from codeclog.consumers.readers.verify import verify
 from codeclog.consumers.stream_limit import LimitOptions
-from codeclog.consumers.verify import verify
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk, DeadLetter
 from codeclog.topics import ensure_topics

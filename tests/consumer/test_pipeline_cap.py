@@ -13,6 +13,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from codeclog.consumers.fold.machine import FoldConfig
+from codeclog.consumers.member.progress import CheckpointWriter
+from codeclog.consumers.member.recovery import restore_folds
 from codeclog.consumers.pipeline import (
     AudioPipeline,
     InputRecord,
@@ -20,8 +22,6 @@ from codeclog.consumers.pipeline import (
     Position,
     StepOutput,
 )
-from codeclog.consumers.progress import CheckpointWriter
-from codeclog.consumers.recovery import restore_folds
 from codeclog.consumers.stream_limit import (
     EVICTED_BY_BUDGET,
     EVICTED_BY_CAP,

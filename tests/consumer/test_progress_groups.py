@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from codeclog.consumers.progress import belongs_to, progress_key, read_checkpoints
+from codeclog.consumers.member.progress import belongs_to, progress_key, read_checkpoints
 from codeclog.schemas import wire
 from codeclog.schemas.records import StreamCheckpoint
 from tests.schemas.test_wire_evolution import V1_GOLDEN_CHECKPOINT  # by codeclog-vocoder-0

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from codeclog.consumers.member.progress import CheckpointWriter
+from codeclog.consumers.member.recovery import restore_folds
 from codeclog.consumers.pipeline import (
     AudioPipeline,
     InputRecord,
@@ -16,8 +18,6 @@ from codeclog.consumers.pipeline import (
     Position,
     StepOutput,
 )
-from codeclog.consumers.progress import CheckpointWriter
-from codeclog.consumers.recovery import restore_folds
 from codeclog.schemas.records import StreamCheckpoint
 from tests.consumer.test_pipeline_cap import record
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from codeclog.consumers.log_reader import read_partitions
+from codeclog.consumers.member.service import VocodeConfig, VocoderService
 from codeclog.consumers.pipeline import InputRecord
-from codeclog.consumers.service import VocodeConfig, VocoderService
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk
 
@@ -20,7 +20,7 @@ def _member(stack: Any, engine: Any) -> VocoderService:
     """One run of the member (instance 0) until it is idle; its stats."""
     config = VocodeConfig(group=stack.group, instance_id="0", exit_when_idle_s=1.0)
     service = VocoderService(stack.client, stack.topics, config, engine)
-    assert service.run() == 0
+    service.run()
     return service
 
 

@@ -11,17 +11,16 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from codeclog.commands import vocode as vocode_command
 from codeclog.consumers import kafka_calls
-from codeclog.consumers import service as service_module
-from codeclog.consumers import transaction as transaction_module
+from codeclog.consumers.kafka_calls import InfrastructureError, StuckCallError, bounded
 from codeclog.consumers.log_reader import input_record
+from codeclog.consumers.member import transaction as transaction_module
+from codeclog.consumers.member.config import VocodeConfig
+from codeclog.consumers.member.outage import OutageClock
+from codeclog.consumers.member.service import VocoderService
+from codeclog.consumers.member.transaction import Transactions
 from codeclog.consumers.pipeline import StepOutput
-from codeclog.consumers.service import (
-    InfrastructureError,
-    StuckCallError,
-    VocodeConfig,
-    VocoderService,
-)
 from codeclog.kafka_access import KafkaAccessError
 from codeclog.topics_config import TopicsConfig
 
@@ -30,22 +29,27 @@ def _service(**config: Any) -> VocoderService:
     return VocoderService({}, TopicsConfig(), VocodeConfig(**config), engine=None)  # type: ignore[arg-type]
 
 
+def _transactions(service: VocoderService) -> Transactions:
+    """The member's one TransactionBoundary implementation, to drive from the test."""
+    assert isinstance(service.transactions, Transactions)
+    return service.transactions
+
+
 @pytest.fixture(autouse=True)
 def _short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kafka_calls, "CALL_GRACE_S", 0.1)
 
 
 def test_a_call_past_its_timeout_is_abandoned_as_stuck() -> None:
-    service = _service(kafka_timeout_s=0.1)
     release = threading.Event()
     started = time.monotonic()
     with pytest.raises(StuckCallError, match="send_offsets_to_transaction did not return"):
-        service._bounded("send_offsets_to_transaction", release.wait)
+        bounded("send_offsets_to_transaction", release.wait, 0.1)
     assert time.monotonic() - started < 1.0
     release.set()
-    assert service._bounded("quick", lambda: 7) == 7
+    assert bounded("quick", lambda: 7, 0.1) == 7
     with pytest.raises(ValueError, match="boom"):
-        service._bounded("raises", lambda: (_ for _ in ()).throw(ValueError("boom")))
+        bounded("raises", lambda: (_ for _ in ()).throw(ValueError("boom")), 0.1)
 
 
 class StuckCommit:
@@ -59,7 +63,7 @@ class StuckCommit:
 def test_a_stuck_commit_is_abandoned_and_reported_once() -> None:
     service = _service(kafka_timeout_s=0.1)
     producer = StuckCommit()
-    transactions = service.transactions
+    transactions = _transactions(service)
     transactions.producer = producer  # type: ignore[assignment]
     transactions.commit_in_background(lambda: service._committed_step(StepOutput(), 0.0))
     transactions.join()  # a rebalance callback: bounded, never raises
@@ -73,9 +77,9 @@ def test_a_stuck_commit_is_abandoned_and_reported_once() -> None:
 
 
 def test_a_stuck_call_marks_the_producer_for_replacement() -> None:
-    service = _service()
-    service.transactions.handle_error(StuckCallError("send_offsets_to_transaction", 15))
-    assert service.transactions.wedged
+    transactions = _transactions(_service())
+    transactions.handle_error(StuckCallError("send_offsets_to_transaction", 15))
+    assert transactions.wedged
 
 
 def test_being_fenced_ends_the_member() -> None:
@@ -87,24 +91,34 @@ def test_being_fenced_ends_the_member() -> None:
         service.transactions.handle_error(fenced)
 
 
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_failures_past_the_outage_timeout_end_the_member() -> None:
-    service = _service(outage_timeout_s=0.5)
+    clock = _Clock()
+    outage = OutageClock(0.5, "here", clock)
     error = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
-    service._note_failure(error)  # the first failure starts the clock
+    outage.failed(error)  # the first failure starts the clock
     for _ in range(4):  # failures keep coming (each recovery attempt fails)
-        time.sleep(0.1)
-        service._note_failure(error)
-    time.sleep(0.2)
+        clock.now += 0.1
+        outage.failed(error)
+    clock.now += 0.2
     with pytest.raises(InfrastructureError, match="no transaction committed for"):
-        service._note_failure(error)
+        outage.failed(error)
 
 
 def test_a_failure_long_after_the_last_one_starts_the_clock_again() -> None:
-    service = _service(outage_timeout_s=0.2)
+    clock = _Clock()
+    outage = OutageClock(0.2, "here", clock)
     error = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
-    service._note_failure(error)
-    time.sleep(0.3)  # healthy and idle meanwhile: nothing failed, nothing committed
-    service._note_failure(error)  # a new outage, not the old one going on
+    outage.failed(error)
+    clock.now += 0.3  # healthy and idle meanwhile: nothing failed, nothing committed
+    outage.failed(error)  # a new outage, not the old one going on
 
 
 def test_a_commit_resets_the_outage_clock() -> None:
@@ -114,23 +128,23 @@ def test_a_commit_resets_the_outage_clock() -> None:
         def commit_transaction(self, timeout: float) -> None:
             return None
 
-    service._note_failure(KafkaException(KafkaError(KafkaError._TRANSPORT, "down")))
-    service.transactions.producer = Commits()  # type: ignore[assignment]
-    service.transactions.commit_in_background(lambda: service._committed_step(StepOutput(), 0.0))
-    service.transactions.await_commit()
-    assert service._failing_since is None
+    service.outage.failed(KafkaException(KafkaError(KafkaError._TRANSPORT, "down")))
+    transactions = _transactions(service)
+    transactions.producer = Commits()  # type: ignore[assignment]
+    transactions.commit_in_background(lambda: service._committed_step(StepOutput(), 0.0))
+    transactions.await_commit()
+    assert service.outage.failing_since is None
 
 
 def test_sigterm_ends_a_stuck_member_within_the_stop_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     exits: list[int] = []
-    monkeypatch.setattr(service_module.os, "_exit", exits.append)
-    service = _service(stop_timeout_s=0.2)
-    watchdog = threading.Thread(target=service._stop_watchdog)
-    watchdog.start()
-    service.stop()  # SIGTERM; the step never finishes (nothing sets _finished)
-    watchdog.join(3)
+    monkeypatch.setattr(vocode_command.os, "_exit", exits.append)
+    stop, finished = threading.Event(), threading.Event()
+    vocode_command._watch_stop(stop, finished, 0.2, "here")
+    stop.set()  # SIGTERM; the step never finishes (nothing sets `finished`)
+    time.sleep(1.5)
     assert exits == [1]
 
 
@@ -160,7 +174,7 @@ def test_a_stream_rebuilt_in_another_domain_is_logged_and_counted(
     same, other, unknown = _DomainEngine.domain, "native:torch2.15:cpu:GenuineIntel:AVX2:t1", ""
     checkpoints = {"a": checkpoint(same), "b": checkpoint(other), "c": checkpoint(unknown)}
     with caplog.at_level("WARNING"):
-        service.recovery.check_domains(service.pipeline.domain, ["a", "b", "c"], checkpoints)
+        service.recovery.check_domains(same, ["a", "b", "c"], checkpoints)
     assert counter.count == 1
     assert f"request b: checkpoint domain {other}, rebuilding in domain {same}" in caplog.text
     assert "request a" not in caplog.text and "request c" not in caplog.text
@@ -179,7 +193,7 @@ def test_an_authorization_failure_ends_the_member(code: int) -> None:
     denied = KafkaException(KafkaError(code, "denied", txn_requires_abort=True))
     # a refused ACL is a configuration error: one line, exit 2 (codeclog.kafka_access)
     with pytest.raises(KafkaAccessError, match="is not authorised to"):
-        service.transactions.handle_error(denied)
+        _transactions(service).handle_error(denied)
     with pytest.raises(KafkaAccessError):
         service._rebuild_after(denied)  # recovery does not retry it for outage_timeout_s
 
@@ -187,7 +201,7 @@ def test_an_authorization_failure_ends_the_member(code: int) -> None:
 def test_a_retriable_transaction_error_is_retried_not_the_end() -> None:
     service = _service()
     aborted: list[bool] = []
-    transactions = service.transactions
+    transactions = _transactions(service)
     transactions.abort_quietly = lambda: aborted.append(True)  # type: ignore[method-assign]
     retriable = KafkaException(KafkaError(KafkaError._TIMED_OUT, "slow", retriable=True))
     transactions.handle_error(retriable)
@@ -226,20 +240,22 @@ def test_a_fenced_member_prints_one_line_and_exits_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     service = _service()
+    transactions = _transactions(service)
     fenced = KafkaException(
         KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
     )
 
     def start() -> None:
-        service.transactions.producer = _FailingClose()  # type: ignore[assignment]
+        transactions.producer = _FailingClose()  # type: ignore[assignment]
 
-    def loop() -> int:
-        service.transactions.handle_error(fenced)
-        return 0
+    def loop() -> None:
+        transactions.handle_error(fenced)
 
     monkeypatch.setattr(service, "_start", start)
     monkeypatch.setattr(service, "_loop", loop)
-    assert service.run() == 1
+    with pytest.raises(InfrastructureError, match="fenced"):
+        service.run()  # the library raises; the command line prints it and exits 1
+    assert vocode_command._run(service) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "fenced" in err and "Traceback" not in err, err
 
@@ -262,7 +278,7 @@ def test_init_transactions_at_start_retries_concurrent_transactions(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(transaction_module, "RETRY_PAUSE_S", 0.01)
-    transactions = _service().transactions
+    transactions = _transactions(_service())
     busy = KafkaError(KafkaError.CONCURRENT_TRANSACTIONS, "previous transaction still open")
     producer = _InitAnswers([busy, busy, None])
     transactions.producer = producer  # type: ignore[assignment]
@@ -271,7 +287,7 @@ def test_init_transactions_at_start_retries_concurrent_transactions(
 
 
 def test_init_transactions_at_start_gives_up_on_a_fatal_error() -> None:
-    transactions = _service().transactions
+    transactions = _transactions(_service())
     denied = KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "denied", fatal=True)
     producer = _InitAnswers([denied])
     transactions.producer = producer  # type: ignore[assignment]

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
+from codeclog.consumers.member.config import VocodeConfig
+from codeclog.consumers.member.service import VocoderService
 from codeclog.consumers.pipeline import StepOutput
-from codeclog.consumers.service import VocodeConfig, VocoderService
 from codeclog.topics_config import TopicsConfig
 
 
@@ -106,26 +107,32 @@ def _service(pipeline: SlowPipeline, consumer: FakeConsumer, max_records: int = 
     config = VocodeConfig(poll_timeout_s=0.01, max_records=max_records)
     service = VocoderService({}, TopicsConfig(), config, engine=None)  # type: ignore[arg-type]
     service.pipeline = pipeline  # type: ignore[assignment]
-    service._consumer = consumer  # type: ignore[assignment]
+    service.intake.consumer = consumer  # type: ignore[assignment]
     return service
+
+
+def _decode(service: Any) -> StepOutput | None:
+    """One step's decode through the member's intake, as `_transaction` runs it."""
+    result: StepOutput | None = service.intake.decode(lambda: service.pipeline.step(["a"]))
+    return result
 
 
 def test_records_polled_during_a_step_are_the_next_batch() -> None:
     consumer = FakeConsumer([0, 1], arriving=2)
     service = _service(SlowPipeline(0.2), consumer)
-    out = service._decode(["a"])
+    out = _decode(service)
     assert out is not None and out.records == 1
-    assert [r.position.offset for r in service._pending] == [0, 1]
+    assert [r.position.offset for r in service.intake._pending] == [0, 1]
     assert ("pause", [0, 1]) not in consumer.calls  # two waiting: room for one more
-    assert [r.position.offset for r in service._poll()] == [0, 1]  # no consume needed
-    assert service._pending == []
+    assert [r.position.offset for r in service.intake.poll()] == [0, 1]  # no consume needed
+    assert service.intake._pending == []
 
 
 def test_a_whole_waiting_batch_pauses_the_assignment_until_the_step_ends() -> None:
     consumer = FakeConsumer([0, 1, 2], arriving=10)
     service = _service(SlowPipeline(0.3), consumer, max_records=3)
-    service._decode(["a"])
-    assert len(service._pending) == 3  # nothing more was taken once a batch waited
+    _decode(service)
+    assert len(service.intake._pending) == 3  # nothing more was taken once a batch waited
     kinds = [kind for kind, _ in consumer.calls]
     assert consumer.calls[kinds.index("pause")] == ("pause", [0, 1, 2])
     assert consumer.calls[-1] == ("resume", [0, 1, 2])
@@ -141,10 +148,10 @@ def test_a_rebalance_during_the_step_waits_for_the_decode_and_voids_the_step() -
 
     def revoke_partition_1() -> None:
         consumer.owned = [TopicPartition("chunks", 0)]
-        service._on_revoke(consumer, [TopicPartition("chunks", 1)])
+        service.intake._on_revoke(consumer, [TopicPartition("chunks", 1)])
 
     consumer.on_poll = revoke_partition_1
-    assert service._decode(["a"]) is None
+    assert _decode(service) is None
     assert pipeline.events == ["step done", "drop 1"]  # the pipeline changed after the decode
 
 
@@ -152,9 +159,9 @@ def test_a_failing_step_is_raised_on_the_main_thread() -> None:
     consumer = FakeConsumer([3], arriving=5)
     service = _service(SlowPipeline(0.2, RuntimeError("decoder broke")), consumer, max_records=2)
     with pytest.raises(RuntimeError, match="decoder broke"):
-        service._decode(["a"])
+        _decode(service)
     assert consumer.calls[-1] == ("resume", [3])  # paused (a batch waited), then resumed
-    assert service._decoding is None
+    assert service.intake._decoding is None
 
 
 def test_the_decode_runs_on_another_thread() -> None:
@@ -165,7 +172,7 @@ def test_the_decode_runs_on_another_thread() -> None:
             seen.append(threading.current_thread().name)
             return super().step(records)
 
-    _service(Recording(0.0), FakeConsumer([0]))._decode(["a"])
+    _decode(_service(Recording(0.0), FakeConsumer([0])))
     assert seen == ["codeclog-decode"]
 
 
@@ -188,14 +195,14 @@ def test_a_partition_lost_while_paused_is_resumed_when_it_comes_back() -> None:
         consumer.on_poll = lose_partition_1
 
     consumer.pause = pause  # type: ignore[method-assign]
-    service._decode(["a"])
+    _decode(service)
     assert paused_seen.is_set() and ("pause", [0, 1]) in consumer.calls
     assert consumer.calls[-1] == ("resume", [0])  # partition 1 is not ours: not resumed yet
-    service._pending.clear()
+    service.intake._pending.clear()
     consumer.owned = [TopicPartition("chunks", 0), TopicPartition("chunks", 1)]  # back again
     consumer.arriving = []
-    service._poll()
+    service.intake.poll()
     assert ("resume", [1]) in consumer.calls
     calls = len(consumer.calls)
-    service._poll()  # resumed once: nothing left to resume
+    service.intake.poll()  # resumed once: nothing left to resume
     assert not any(kind == "resume" for kind, _ in consumer.calls[calls:])

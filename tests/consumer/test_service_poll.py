@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from codeclog.consumers.member.config import VocodeConfig
+from codeclog.consumers.member.service import VocoderService
+from codeclog.consumers.member.transaction import Transactions
 from codeclog.consumers.pipeline import StepOutput
-from codeclog.consumers.service import VocodeConfig, VocoderService
 from codeclog.topics_config import TopicsConfig
 
 
@@ -44,25 +46,25 @@ def _service(max_records: int = 64, poll_timeout_s: float = 0.05) -> VocoderServ
 
 def test_records_already_fetched_are_taken_without_waiting() -> None:
     queue = RecordingQueue(ready=["a", "b", "c"], arriving=["late"])
-    assert _service()._fetched(queue) == ["a", "b", "c"]  # type: ignore[arg-type]
+    assert _service().intake._fetched(queue) == ["a", "b", "c"]  # type: ignore[arg-type]
     assert queue.calls == [(64, 0)]
 
 
 def test_an_empty_queue_waits_for_the_first_record_only_then_drains() -> None:
     queue = RecordingQueue(ready=[], arriving=["a", "b"])
-    assert _service(poll_timeout_s=0.2)._fetched(queue) == ["a", "b"]  # type: ignore[arg-type]
+    assert _service(poll_timeout_s=0.2).intake._fetched(queue) == ["a", "b"]  # type: ignore[arg-type]
     assert queue.calls == [(64, 0), (1, 0.2), (63, 0)]
 
 
 def test_a_full_batch_is_capped_at_max_records() -> None:
     queue = RecordingQueue(ready=[str(i) for i in range(10)], arriving=[])
-    assert _service(max_records=4)._fetched(queue) == ["0", "1", "2", "3"]  # type: ignore[arg-type]
+    assert _service(max_records=4).intake._fetched(queue) == ["0", "1", "2", "3"]  # type: ignore[arg-type]
     assert queue.ready == ["4", "5", "6", "7", "8", "9"]
 
 
 def test_nothing_arriving_returns_empty_after_one_wait() -> None:
     queue = RecordingQueue(ready=[], arriving=[])
-    assert _service()._fetched(queue) == []  # type: ignore[arg-type]
+    assert _service().intake._fetched(queue) == []  # type: ignore[arg-type]
     assert queue.calls == [(64, 0), (1, 0.05)]
 
 
@@ -81,6 +83,7 @@ class CommitOnce:
 
 
 def _committing(service: VocoderService, producer: CommitOnce) -> None:
+    assert isinstance(service.transactions, Transactions)
     service.transactions.producer = producer  # type: ignore[assignment]
     service.transactions.commit_in_background(lambda: service._committed_step(StepOutput(), 0.0))
 
@@ -100,6 +103,7 @@ def test_a_rebalance_waits_for_the_commit_and_leaves_its_failure_to_the_loop() -
     failure = KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out"))
     _committing(service, CommitOnce(failure))
     service.transactions.join()  # inside a rebalance callback: never raises
+    assert isinstance(service.transactions, Transactions)
     assert not service.transactions.committing
     with pytest.raises(KafkaException):
         service.transactions.await_commit()  # the next step discards its results and rewinds

@@ -18,8 +18,8 @@ from confluent_kafka import Producer
 
 from codeclog.cli import main
 from codeclog.consumers.log_reader import read_partition
-from codeclog.consumers.service import VocodeConfig, VocoderService
-from codeclog.consumers.verify import verify
+from codeclog.consumers.member.service import VocodeConfig, VocoderService
+from codeclog.consumers.readers.verify import verify
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
 from codeclog.topics import ensure_topics
@@ -56,7 +56,7 @@ def portable_engine() -> Any:
 
 def _vocode(stack: Any, engine: Any) -> None:
     config = VocodeConfig(group=stack.group, exit_when_idle_s=2.0)  # published before: drained
-    assert VocoderService(stack.client, stack.topics, config, engine).run() == 0
+    VocoderService(stack.client, stack.topics, config, engine).run()
 
 
 def _factory(engine: Any, seen: list[frozenset[str]]) -> Callable[[frozenset[str]], Any]:

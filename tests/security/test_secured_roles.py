@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
 )
 
 from codeclog.config import read_properties
-from codeclog.consumers.verify import verify
+from codeclog.consumers.readers.verify import verify
 from codeclog.security import keytool_for
 from tests.security.conftest import SecureStack
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from codeclog.consumers.audio_compare import Bound, compare_bound
+from codeclog.consumers.readers.audio_compare import Bound, compare_bound
 from codeclog.vocoder.engine import (
     Code2WavEngine,
     VocoderInputError,

@@ -3,7 +3,7 @@
 Each step's transaction writes, per touched request, a small StreamCheckpoint to the compacted
 progress topic, in the partition numbered like the input partition: the fold state
 (export_request), whether the stream is open, and the input offset where its current epoch
-started. Recovery (consumers/recovery.py) reads the newest checkpoint of each request back.
+started. Recovery (consumers/member/recovery.py) reads the newest checkpoint of each request back.
 """
 
 from __future__ import annotations

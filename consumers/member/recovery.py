@@ -3,7 +3,7 @@ recovery works").
 
 Vocoder state (hundreds of MB per stream on the real model) is never snapshotted. When a
 partition is assigned (start, restart after SIGKILL, rebalance, or a rewind after a failed
-transaction), the member reads that partition's progress checkpoints (consumers/progress.py),
+transaction), the member reads that partition's progress checkpoints (consumers/member/progress.py),
 restores the fold state of every request, and for each open stream re-reads the input from the
 start of its epoch up to the committed offset, decoding without emitting (event sourcing) to
 rebuild the vocoder state. Decoding is deterministic, so the windows after the committed offset
@@ -21,9 +21,9 @@ from confluent_kafka import TopicPartition
 
 from codeclog.consumers.fold.machine import FoldState, import_request
 from codeclog.consumers.log_reader import read_partition
-from codeclog.consumers.metrics import VocoderMetrics
+from codeclog.consumers.member.metrics import VocoderMetrics
+from codeclog.consumers.member.progress import read_checkpoints
 from codeclog.consumers.pipeline import AudioPipeline, InputRecord, check_checkpoint_fits
-from codeclog.consumers.progress import read_checkpoints
 from codeclog.schemas.records import StreamCheckpoint
 
 log = logging.getLogger("codeclog.vocode")

@@ -1,5 +1,8 @@
 """The transaction boundary: one Kafka transaction per step, strictly one after another.
 
+The member talks to it only through `TransactionBoundary`; `Transactions` is its one
+implementation.
+
 A step's transaction carries its audio chunks, its dead letters, a checkpoint per touched
 request and the consumed offsets (`send_offsets_to_transaction`): everything of the step is
 visible to read_committed readers together, or none of it. A crash before the commit aborts it
@@ -21,8 +24,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
@@ -37,7 +40,8 @@ from codeclog.consumers.kafka_calls import (
     one_line,
     raise_if_denied,
 )
-from codeclog.consumers.metrics import VocoderMetrics
+from codeclog.consumers.member.metrics import VocoderMetrics
+from codeclog.consumers.member.writes import Write
 from codeclog.errors import CodeclogError
 from codeclog.kafka_log import client_settings
 
@@ -45,6 +49,55 @@ log = logging.getLogger("codeclog.vocode")
 
 TransactionError = KafkaException | StuckCallError
 RETRY_PAUSE_S = 1.0  # between two init_transactions attempts at start
+CLOSE_ON_FAILURE_S = 2.0  # abort, close and flush bounds once the member is exiting 1
+Refusal = Callable[[BaseException], CodeclogError | None]
+
+
+class TransactionBoundary(Protocol):
+    """Everything the member asks of its transactions (and nothing is set on them)."""
+
+    @property
+    def abandoned(self) -> int:
+        """Producers given up on (stuck or fatal): the process must not destroy them."""
+
+    def start(self, retry_for_s: float, stop: threading.Event) -> None:
+        """A producer with transactions initialised (fencing a predecessor)."""
+
+    def ensure_producer(self, reason: str = "") -> None:
+        """Replace a producer given up on; finish a pending initialisation."""
+
+    def await_commit(self) -> None:
+        """Wait for the previous step's commit; raise its failure here (once)."""
+
+    def write_step(
+        self,
+        writes: Sequence[Write],
+        positions: list[TopicPartition],
+        group_metadata: Any,
+        on_committed: Callable[[], None],
+    ) -> None:
+        """One step's transaction: its records and consumed positions, committed in the
+        background; `on_committed` runs after a commit that counts."""
+
+    def join(self) -> None:
+        """Wait for the commit in flight without raising (its failure stays recorded)."""
+
+    def handle_error(self, exc: TransactionError) -> None:
+        """Abort (or give up on the producer) after a failed call; raise when the member must
+        end (fenced, refused)."""
+
+    def mark_wedged(self) -> None:
+        """A call around the producer got stuck: replace it before the next transaction."""
+
+    def end_on_failure(self) -> None:
+        """The member is ending: short bounds, the commit joined, the open one aborted."""
+
+    def end_refused(self) -> None:
+        """The member is ending on a refusal: short bounds, nothing aborted (it would be
+        refused too)."""
+
+    def close(self) -> None:
+        """Flush and drop the producer."""
 
 
 class Transactions:
@@ -57,6 +110,7 @@ class Transactions:
         transaction_timeout_ms: int,
         kafka_timeout_s: float,
         metrics: VocoderMetrics,
+        refusal: Refusal = lambda exc: None,
     ) -> None:
         self.client_config = client_config
         self.transactional_id = transactional_id
@@ -72,7 +126,7 @@ class Transactions:
         self._commit_error: TransactionError | None = None
         self._generation = 0  # bumped when a stuck commit is abandoned
         # A refused login or ACL as the error to end with (exit 2), None for any other error
-        self.refusal: Callable[[BaseException], CodeclogError | None] = lambda exc: None
+        self.refusal = refusal
 
     @property
     def abandoned(self) -> int:
@@ -157,7 +211,33 @@ class Transactions:
             self.client_config, self.transactional_id, self.transaction_timeout_ms
         )
 
+    def mark_wedged(self) -> None:
+        self.wedged = True
+
+    def end_on_failure(self) -> None:
+        self.closing_timeout_s = CLOSE_ON_FAILURE_S
+        self.join()
+        self.abort_quietly()
+
+    def end_refused(self) -> None:
+        self.closing_timeout_s = CLOSE_ON_FAILURE_S
+        self.wedged = True  # nothing to abort that the refusal would not refuse
+        self.join()
+
     # -- one step's transaction -----------------------------------------------------------------
+
+    def write_step(
+        self,
+        writes: Sequence[Write],
+        positions: list[TopicPartition],
+        group_metadata: Any,
+        on_committed: Callable[[], None],
+    ) -> None:
+        self.begin()
+        for write in writes:
+            self.produce(write.topic, write.key, write.value, write.partition)
+        self.send_offsets(positions, group_metadata)
+        self.commit_in_background(on_committed)
 
     def begin(self) -> None:
         assert self.producer is not None
@@ -219,10 +299,6 @@ class Transactions:
                 self._generation += 1  # whatever it does later no longer counts
                 self._commit_error = StuckCallError("commit_transaction", limit)
             self._committing = None
-
-    def await_turn(self) -> None:
-        """Before the next step begins: with one producer, the previous commit must be done."""
-        self.await_commit()
 
     def await_commit(self) -> None:
         """Wait for the previous step's commit; re-raise its failure here, on the caller's

@@ -8,6 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from codeclog.consumers.pipeline import StepOutput
+from codeclog.schemas.records import SAMPLE_RATE_HZ
+
 
 class _Noop:
     def labels(self, *args: Any, **kwargs: Any) -> _Noop:
@@ -143,3 +146,27 @@ class VocoderMetrics:
         if port is not None:
             prom.start_http_server(port, registry=registry)
         return metrics
+
+
+def observe_step(metrics: VocoderMetrics, out: StepOutput, now_ms: int) -> None:
+    """A committed step's figures: records, windows, batches, decode time, RTF, rejections and
+    each window's end-to-end latency (its newest chunk's produced_at to `now_ms`)."""
+    m = metrics
+    m.records.inc(out.records)
+    m.windows.inc(len(out.audio))
+    m.duplicates.inc(out.duplicates)
+    m.transactions.labels(result="committed").inc()
+    for size in out.batch_sizes:
+        m.batch_size.observe(size)
+    m.decode_seconds.observe(out.decode_s)
+    if out.decode_calls:
+        m.flow_calls.observe(out.flow_calls)
+        m.hift_calls.observe(out.hift_calls)
+    audio_s = sum(len(c.pcm_s16le) // 2 for c in out.audio) / SAMPLE_RATE_HZ
+    if audio_s > 0:
+        m.rtf.set(out.decode_s / audio_s)
+    for letter in out.dead_letters:
+        m.rejections.labels(reason=letter.reason).inc()
+    for chunk in out.audio:
+        if chunk.source_produced_at_ms > 0:
+            m.end_to_end_seconds.observe(max(0, now_ms - chunk.source_produced_at_ms) / 1000)

@@ -12,8 +12,9 @@ Isolation:
   the commit; it may belong to a transaction that later aborts. Decoding is deterministic, so
   the window is re-decoded after recovery as the same (request, epoch, window index) with the
   same bytes within a determinism domain. The first copy wins; later copies are compared
-  (consumers.audio_compare: bytes within a domain, the numeric bound across domains), counted,
-  and never played twice. README.md, "How recovery works", states the guarantee and its limits.
+  (consumers.readers.audio_compare: bytes within a domain, the numeric bound across domains),
+  counted, and never played twice. README.md, "How recovery works", states the guarantee and
+  its limits.
 
 Start: by default the listener first scans each partition up to its current end and records,
 per request, the newest epoch and the offset where its records begin; it then reads from there,
@@ -41,7 +42,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from codeclog.consumers.audio_compare import Bound, compare_bound, pcm_digest
+from codeclog.consumers.readers.audio_compare import Bound, compare_bound, pcm_digest
 from codeclog.kafka_log import client_settings
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk

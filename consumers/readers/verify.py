@@ -5,11 +5,11 @@ offline through the same AudioPipeline the consumer runs (same fold policy, same
 checks that every decode window appears exactly once on the audio topic. Every PCM payload is
 rehashed: a payload whose bytes do not match its own sha256 field is `corrupt`.
 
-Which comparison (consumers.audio_compare): a window written in the replay's determinism domain
-must be byte-identical; a window written in another domain (another CPU's native kernels, a GPU)
-is byte-identical or within the numeric bound. The engine can be given as a factory of the
-domains found on the audio topic, so the caller can pick kernels that reproduce them
-(`codeclog verify --kernels auto`).
+Which comparison (consumers.readers.audio_compare): a window written in the replay's determinism
+domain must be byte-identical; a window written in another domain (another CPU's native kernels, a
+GPU) is byte-identical or within the numeric bound. The engine can be given as a factory of the
+domains found on the audio topic, so the caller can pick kernels that reproduce them (`codeclog
+verify --kernels auto`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Any, cast
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from codeclog.consumers.audio_compare import Bound, Comparison, compare_bound, pcm_digest
 from codeclog.consumers.fold.machine import FoldConfig, Policy
 from codeclog.consumers.kafka_calls import ClusterUnavailableError, one_line
 from codeclog.consumers.log_reader import read_partition
 from codeclog.consumers.pipeline import AudioPipeline, PipelineConfig, VocoderEngine
+from codeclog.consumers.readers.audio_compare import Bound, Comparison, compare_bound, pcm_digest
 from codeclog.consumers.stream_limit import LimitOptions, StreamLimit
 from codeclog.kafka_log import client_settings
 from codeclog.schemas import wire

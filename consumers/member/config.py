@@ -1,0 +1,63 @@
+"""The member's knobs: every bound of the consumer service is here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from codeclog.consumers.fold.machine import FoldConfig, Policy
+from codeclog.consumers.member.intake import IntakeConfig
+from codeclog.consumers.pipeline import PipelineConfig
+from codeclog.consumers.stream_limit import LimitOptions, StreamLimit
+
+DEFAULT_GROUP = "codeclog-vocoder"
+
+
+@dataclasses.dataclass(frozen=True)
+class VocodeConfig:
+    """Knobs of the consumer service. Every bound is here."""
+
+    group: str = DEFAULT_GROUP
+    instance_id: str = "0"  # stable per member: a restart fences its own zombie transaction
+    policy: Policy = Policy.TOLERANT
+    max_records: int = 64  # records per step (and so windows per decode step)
+    max_batch: int = 64  # windows per decode_batch call
+    poll_timeout_s: float = 0.05
+    # Open streams: at most limits.max_open_streams over the group, and a member's vocoder
+    # states within its state budget, both as a count per input partition
+    # (consumers.stream_limit); beyond it the least recently active stream is evicted.
+    limits: LimitOptions = dataclasses.field(default_factory=LimitOptions)
+    transaction_timeout_ms: int = 60_000
+    max_poll_interval_ms: int = 300_000
+    exit_when_idle_s: float | None = None  # tests and the demo: stop after this long idle
+    rebuild_batch: int = 256
+    # Liveness bounds (README, "How recovery works"). Every librdkafka call that can wait gets
+    # kafka_timeout_s; one that has not returned CALL_GRACE_S later is abandoned as stuck.
+    kafka_timeout_s: float = 10.0
+    # After a failed transaction or call, the member aborts, rebuilds and retries; if no
+    # transaction commits within outage_timeout_s of the first failure, it gives up (exit 1).
+    outage_timeout_s: float = 60.0
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.group}-{self.instance_id}"
+
+    def pipeline(self, limit: StreamLimit, dead_letter_raw_limit: int) -> PipelineConfig:
+        """The member's pipeline: one fold per input partition, capped at `limit`."""
+        return PipelineConfig(
+            fold=FoldConfig(policy=self.policy, max_open_streams=limit.per_partition),
+            per_partition=True,
+            max_batch=self.max_batch,
+            producer_id=self.transactional_id,
+            dead_letter_raw_limit=dead_letter_raw_limit,
+            eviction_cause=limit.cause,
+        )
+
+    def intake(self, topic: str) -> IntakeConfig:
+        return IntakeConfig(
+            self.group,
+            topic,
+            self.max_records,
+            self.poll_timeout_s,
+            self.max_poll_interval_ms,
+            self.kafka_timeout_s,
+        )

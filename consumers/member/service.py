@@ -1,0 +1,372 @@
+"""The Code2Wav consumer service: a consumer-group member that polls, decodes and commits.
+
+One step = up to `max_records` records from the intake (consumers/member/intake.py), the shared
+AudioPipeline (fold + batched vocoder decode) on a worker thread while the intake keeps
+polling, then ONE Kafka transaction (consumers/member/transaction.py) that carries what the
+step writes (consumers/member/writes.py: audio, dead letters, a checkpoint per touched request)
+and the consumed offsets. Partitions that arrive are restored by consumers/member/recovery.py;
+a failed transaction rewinds to the committed offsets and restores every assigned partition the
+same way. The member raises what ends it (the command line prints it and exits).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from codeclog.consumers.fold.report import strict_error_json
+from codeclog.consumers.kafka_calls import (
+    ClusterUnavailableError,
+    InfrastructureError,
+    StuckCallError,
+    bounded,
+    one_line,
+)
+from codeclog.consumers.member.config import VocodeConfig
+from codeclog.consumers.member.intake import Intake
+from codeclog.consumers.member.metrics import VocoderMetrics, observe_step
+from codeclog.consumers.member.outage import OutageClock
+from codeclog.consumers.member.progress import CheckpointWriter
+from codeclog.consumers.member.recovery import Recovery, RecoverySource
+from codeclog.consumers.member.refusals import Refusals
+from codeclog.consumers.member.startup import cluster_facts
+from codeclog.consumers.member.transaction import (
+    CLOSE_ON_FAILURE_S,
+    TransactionBoundary,
+    TransactionError,
+    Transactions,
+)
+from codeclog.consumers.member.writes import step_writes
+from codeclog.consumers.pipeline import (
+    DEAD_LETTER_RAW_LIMIT,
+    AudioPipeline,
+    EngineMismatchError,
+    InputRecord,
+    StepOutput,
+    VocoderEngine,
+)
+from codeclog.consumers.stream_limit import StreamLimit
+from codeclog.errors import EXIT_STRICT_FATAL, CodeclogError
+from codeclog.kafka_access import KafkaAccessError
+from codeclog.topics_config import TopicsConfig
+
+log = logging.getLogger("codeclog.vocode")
+RETRY_PAUSE_S = 1.0  # between two recovery attempts while the cluster does not answer
+STAT_NAMES = ("records", "windows", "dead_letters", "duplicates", "steps", "void_steps")
+
+
+class StrictFatalError(CodeclogError):
+    """The strict policy met a rejection: the upstream stage would have died here."""
+
+    EXIT_CODE = EXIT_STRICT_FATAL
+
+
+class VocoderService:
+    """A consumer-group member running the Code2Wav stage."""
+
+    def __init__(
+        self,
+        client_config: dict[str, str],
+        topics: TopicsConfig,
+        config: VocodeConfig,
+        engine: VocoderEngine,
+        metrics: VocoderMetrics | None = None,
+        clock_ms: Callable[[], int] | None = None,
+        stop_event: threading.Event | None = None,
+        transactions: TransactionBoundary | None = None,
+    ) -> None:
+        self.client_config = client_config
+        self.topics = topics
+        self.config = config
+        self.engine = engine
+        self.metrics = metrics or VocoderMetrics.create(None)
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.refusals = Refusals(client_config, topics, config.group, config.transactional_id)
+        self._dead_letter_limit = DEAD_LETTER_RAW_LIMIT
+        self.limit = self._stream_limit(topics.partitions)
+        self.pipeline = self._new_pipeline()
+        self.transactions: TransactionBoundary = transactions or Transactions(
+            client_config,
+            config.transactional_id,
+            config.transaction_timeout_ms,
+            config.kafka_timeout_s,
+            self.metrics,
+            self.refusals.of,
+        )
+        self.intake = Intake(
+            client_config, config.intake(topics.chunks), self.metrics, self.refusals, self
+        )
+        self.checkpoints = CheckpointWriter(topics.chunks, config.group, config.transactional_id)
+        self.recovery = Recovery(
+            RecoverySource(
+                client_config,
+                topics.chunks,
+                topics.progress,
+                config.group,
+                config.kafka_timeout_s,
+                config.rebuild_batch,
+            ),
+            self.metrics,
+        )
+        self.outage = OutageClock(config.outage_timeout_s, self.bootstrap)
+        self.finished = threading.Event()  # run() returned or raised
+        self._stop = stop_event or threading.Event()
+        self._assign_failed: BaseException | None = None  # recovery in a callback failed
+        self._stats = dict.fromkeys(STAT_NAMES, 0)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Finish the current step, commit it, and leave (SIGTERM handler)."""
+        self._stop.set()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {**self._stats, "pauses": self.intake.pauses}
+
+    @property
+    def abandoned_clients(self) -> int:
+        """Producers given up on (stuck or fatal). The CLI ends with os._exit when > 0:
+        destroying a handle with a call still inside librdkafka can block."""
+        return self.transactions.abandoned
+
+    @property
+    def bootstrap(self) -> str:
+        return str(self.client_config.get("bootstrap.servers", "?"))
+
+    def run(self) -> None:
+        """Run until stopped (or idle, with exit_when_idle_s). Raises what ends the member:
+        KafkaAccessError (a refusal: exit 2), InfrastructureError (exit 1),
+        EngineMismatchError and ConfigError (exit 2), StrictFatalError (exit 3)."""
+        closing_s = self.config.kafka_timeout_s
+        try:
+            if not self._stop.is_set():
+                self._start()
+                self._loop()
+        except KafkaAccessError:  # refused credentials or ACL: a configuration error
+            closing_s = CLOSE_ON_FAILURE_S
+            self.transactions.end_refused()
+            raise
+        except StrictFatalError:
+            raise
+        except BaseException:
+            closing_s = CLOSE_ON_FAILURE_S
+            log.debug("the member ends", exc_info=True)
+            self.transactions.end_on_failure()
+            raise
+        finally:
+            self.transactions.join()
+            self._close(closing_s)
+            self.finished.set()
+
+    def _start(self) -> None:
+        facts = cluster_facts(self.client_config, self.topics, self.config.kafka_timeout_s)
+        if facts.chunk_partitions not in (None, self.limit.partitions):
+            self.limit = self._stream_limit(facts.chunk_partitions)
+        self._dead_letter_limit = facts.dead_letter_raw_limit
+        self.pipeline = self._new_pipeline()
+        log.info("open streams: %s", self.limit.describe())
+        try:
+            self.transactions.start(self.config.outage_timeout_s, self._stop)
+        except (KafkaException, StuckCallError) as exc:
+            if (refused := self.refusals.of(exc)) is not None:
+                raise refused from exc
+            raise InfrastructureError(
+                f"cannot initialise transactions on the cluster at {self.bootstrap}: "
+                f"{one_line(exc)}"
+            ) from exc
+        self.intake.start()
+
+    def _close(self, bound_s: float) -> None:
+        def close(call: Callable[[], None]) -> None:
+            try:
+                bounded("consumer close", call, bound_s)
+            except (KafkaException, RuntimeError, StuckCallError) as exc:
+                log.warning("consumer close failed: %s", exc)
+
+        self.intake.close(close)
+        self.transactions.close()
+
+    def _stream_limit(self, partitions: int) -> StreamLimit:
+        return self.config.limits.resolve(partitions, self.engine)
+
+    def _new_pipeline(self) -> AudioPipeline:
+        pipeline_config = self.config.pipeline(self.limit, self._dead_letter_limit)
+        return AudioPipeline(pipeline_config, self.engine, self._clock_ms)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        idle_since = time.monotonic()
+        while not self._stop.is_set():
+            records = self._poll()
+            if not records:
+                if not self.intake.assignment():
+                    idle_since = time.monotonic()  # idle means "assigned and nothing to do"
+                    continue
+                limit = self.config.exit_when_idle_s
+                if limit is not None and time.monotonic() - idle_since > limit:
+                    self._settle()
+                    if self.intake.drained():
+                        log.info("idle for %.1f s with nothing left to read: stopping", limit)
+                        break
+                    idle_since = time.monotonic()
+                continue
+            idle_since = time.monotonic()
+            out = self._step(records)
+            if out.fatal is not None:
+                self._settle()
+                raise _strict_fatal(out)
+        self._settle()
+
+    def _poll(self) -> list[InputRecord]:
+        records = self.intake.poll()
+        if self._assign_failed is not None:  # partitions came without their state: rebuild
+            failure, self._assign_failed = self._assign_failed, None
+            self._settle()
+            self._rebuild_after(failure)
+            return []
+        return records
+
+    def _step(self, records: Sequence[InputRecord]) -> StepOutput:
+        try:
+            return self._transaction(records)
+        except (KafkaException, StuckCallError) as exc:
+            self._recover_from(exc)
+            return StepOutput()
+
+    def _transaction(self, records: Sequence[InputRecord]) -> StepOutput:
+        """Decode the step (while the previous commit is in flight), then write all it made in
+        one transaction whose commit runs in the background."""
+        started = time.perf_counter()
+        positions = self.intake.positions()  # what this step consumed; before the next poll
+        out = self.intake.decode(lambda: self.pipeline.step(records))
+        if out is None:  # a rebalance happened meanwhile: the step is void, start over
+            self._stats["void_steps"] += 1
+            try:
+                self.transactions.await_commit()
+            except (KafkaException, StuckCallError) as exc:  # the one rebuild below
+                self._recover_from(exc)
+                return StepOutput()
+            self._rewind()
+            return StepOutput()
+        self.transactions.await_commit()  # raises if it failed: this step is then discarded
+        self.checkpoints.note_epoch_starts(out)
+        checkpoints = self.checkpoints.checkpoints(self.pipeline, out, self._clock_ms())
+        writes = step_writes(out, checkpoints, self.topics, self.config.group)
+        self.transactions.write_step(
+            writes,
+            positions,
+            self.intake.group_metadata(),
+            lambda: self._committed_step(out, started),
+        )
+        self.metrics.open_streams.set(self.pipeline.open_streams())
+        for cause, count in out.evictions.items():
+            self.metrics.evictions.labels(cause=cause).inc(count)
+        return out
+
+    def _committed_step(self, out: StepOutput, started: float) -> None:
+        """On the commit thread, after the step's transaction committed."""
+        self.outage.committed()
+        self._observe(out, time.perf_counter() - started)
+
+    def _observe(self, out: StepOutput, step_s: float) -> None:
+        observe_step(self.metrics, out, self._clock_ms())
+        for name, count in (
+            ("records", out.records),
+            ("windows", len(out.audio)),
+            ("dead_letters", len(out.dead_letters)),
+            ("duplicates", out.duplicates),
+            ("steps", 1),
+        ):
+            self._stats[name] += count
+        log.debug("step: %d records, %d windows in %.3f s", out.records, len(out.audio), step_s)
+
+    def _settle(self) -> None:
+        """Wait for the commit in flight and handle its failure (before rebalances, idle checks
+        and shutdown, which all read or hand over committed state)."""
+        try:
+            self.transactions.await_commit()
+        except (KafkaException, StuckCallError) as exc:
+            self._recover_from(exc)
+
+    # -- failures -------------------------------------------------------------------------------
+
+    def _recover_from(self, exc: TransactionError) -> None:
+        """A transaction failed (this step's or the previous): abort, rebuild from the log."""
+        self.transactions.handle_error(exc)
+        self._rebuild_after(exc)
+
+    def _rebuild_after(self, exc: BaseException) -> None:
+        """Rewind to the committed offsets, retrying while the cluster does not answer, until
+        outage_timeout_s after the first failure (then InfrastructureError: exit 1); an
+        authorization or authentication failure ends the member at once (exit 2)."""
+        self.refusals.raise_if_refused(exc)
+        self.outage.failed(exc)
+        while True:
+            try:
+                self.transactions.ensure_producer(self.outage.last_error)
+                self._rewind()
+                return
+            except (KafkaException, StuckCallError, ClusterUnavailableError) as again:
+                if isinstance(again, StuckCallError):
+                    self.transactions.mark_wedged()
+                self.refusals.raise_if_refused(again)
+                log.warning("recovery failed (%s): retrying", one_line(again))
+                self.outage.failed(again)
+                if self._stop.wait(RETRY_PAUSE_S):
+                    raise InfrastructureError(
+                        f"stopped while the cluster at {self.bootstrap} did not answer "
+                        f"({self.outage.last_error}); the uncommitted step is redone by the "
+                        "next member"
+                    ) from again
+
+    def _rewind(self) -> None:
+        """After an aborted step: rebuild all state from the log as after a fresh assignment."""
+        assignment = self.intake.assignment()
+        self.pipeline = self._new_pipeline()
+        self.checkpoints.reset()
+        committed = self.intake.committed(assignment)
+        self._restore(committed)
+        self.intake.seek_to(committed)
+        self._assign_failed = None  # every assigned partition is rebuilt now
+
+    # -- rebalance (intake.Hooks) ---------------------------------------------------------------
+
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        self.transactions.join()
+        try:
+            self._restore(self.intake.committed(partitions))
+        except (
+            ClusterUnavailableError,
+            KafkaException,
+            StuckCallError,
+            EngineMismatchError,
+        ) as exc:
+            # Never raise out of a librdkafka callback: the loop rebuilds every partition
+            # before it processes a record (`_poll`).
+            log.warning("partition recovery failed (%s): rebuilding", one_line(exc))
+            self._assign_failed = exc
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        self.transactions.join()  # hand over committed work only
+        for tp in partitions:
+            self.pipeline.drop_partition(tp.partition)
+
+    def _restore(self, committed: list[TopicPartition]) -> None:
+        """Recovery of assigned partitions (consumers/member/recovery.py) into this pipeline."""
+        self.checkpoints.epoch_start.update(self.recovery.restore(self.pipeline, committed))
+
+
+def _strict_fatal(out: StepOutput) -> StrictFatalError:
+    assert out.fatal is not None
+    return StrictFatalError(
+        "strict policy: the upstream stage would have died here: "
+        f"MiniCPMO45Code2WavBatchError {strict_error_json(out.fatal)} "
+        f"(request {out.fatal.request_id!r}, epoch {out.fatal.cache_epoch}, "
+        f"seq {out.fatal.chunk_seq}); later records stay unprocessed"
+    )
