@@ -254,6 +254,12 @@ class Code2WavEngine:
         self.kernels = default_kernels(self.device) if kernels is None else Kernels.parse(kernels)
         if self.kernels is Kernels.PORTABLE and self.device.type != "cpu":
             raise VocoderConfigError("portable kernels run on the CPU only (use --kernels native)")
+        if self.kernels is Kernels.PORTABLE and batching == "ragged":
+            # the ragged path's row masks need ops the portable kernels do not define (&)
+            raise VocoderConfigError(
+                "ragged batching runs with native kernels only (its rows are within a bound of "
+                "their solo decode, never portable bytes): use --kernels native"
+            )
         if dtype == "float16" and self.device.type == "cpu":
             raise VocoderConfigError(half_precision_refusal())
         self.dtype = dtype

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from codeclog.consumers.audio_compare import Bound, compare_bound
+from codeclog.consumers.readers.audio_compare import Bound, compare_bound
 from codeclog.vocoder.engine import Code2WavEngine
 from codeclog.vocoder.errors import VocoderConfigError
 from codeclog.vocoder.flow import canonical_windows
@@ -37,6 +37,13 @@ def test_exact_is_the_default_and_unknown_modes_are_refused() -> None:
     assert engine.batching == "exact" and engine.describe()["batching"] == "exact"
     with pytest.raises(VocoderConfigError, match="batching"):
         Code2WavEngine.from_spec("tiny", batching="loose")
+
+
+def test_ragged_with_portable_kernels_is_refused_at_construction() -> None:
+    """The ragged rows' masks use an op the portable kernels lack (aten.__and__): refused when
+    the engine is built, not on every window later (each would have failed `vocoder_failed`)."""
+    with pytest.raises(VocoderConfigError, match="native kernels only"):
+        Code2WavEngine.from_spec("tiny", batching="ragged", kernels="portable")
 
 
 def test_a_mixed_step_takes_at_most_two_flow_and_two_hift_calls(
