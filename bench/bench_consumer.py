@@ -17,17 +17,17 @@
    (about 15-20 windows/s against 100 needed), so its "added" column there is queueing behind
    the saturated vocoder; the instant rows isolate what the Kafka path itself costs (talker
    produce, fetch, fold, transactional produce + offsets + commit) at that load.
-3. Listener columns (issue 22): two `consumers.listener.AudioListener`s follow the audio topic
-   side by side in the same run, one committed (read_committed), one speculative
+3. Listener columns (issue 22): two `consumers.readers.listener.AudioListener`s follow the audio
+   topic side by side in the same run, one committed (read_committed), one speculative
    (read_uncommitted, first copy wins), each in its own process (as a serving process is; in
    the service's process they would measure their wait for its GIL). For every window:
    produced_at of its newest chunk -> the moment the listener's consume() returned it (its
    first copy); and, to split that, the audio record's Kafka timestamp (CreateTime: when the
    consumer called produce()) -> visible, the listener's own path. Target: speculative p99
    <= 15 ms at 100 streams with the instant engine.
-    python bench/bench_consumer.py                      # starts its own broker
-    python bench/bench_consumer.py --kafka-engines instant --streams 100 --skip-batching
-    python bench/bench_consumer.py --bootstrap 127.0.0.1:9092 --streams 100 --seconds 20
+    python -m bench.bench_consumer                      # starts its own broker
+    python -m bench.bench_consumer --kafka-engines instant --streams 100 --skip-batching
+    python -m bench.bench_consumer --bootstrap 127.0.0.1:9092 --streams 100 --seconds 20
 """
 
 from __future__ import annotations
@@ -39,23 +39,16 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.local_broker import cluster  # noqa: E402
+from bench.local_broker import cluster
+from codeclog.devtools.stats import percentile
+from codeclog.devtools.talker import Speech, Voice
 
 WARMUP_S = 3.0  # windows of chunks produced in the first seconds are not counted
 WARM_BROKER_S = 20.0  # a throwaway run that warms a fresh broker's JIT before the measured rows
-
-
-def _percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
 def batching(engine: Any, batches: list[int], reps: int) -> dict[int, float]:
@@ -114,7 +107,7 @@ def _probe_main(
     the listener's consume() returned it). Its own process, as a serving process is: in the
     service's process it would queue for the GIL behind the talker, the fold and the commit
     thread, and measure that."""
-    from codeclog.consumers.listener import AudioListener, Isolation
+    from codeclog.consumers.readers.listener import AudioListener, Isolation
 
     listener = AudioListener({"bootstrap.servers": bootstrap}, topic, Isolation(isolation))
     listener.start()
@@ -158,12 +151,10 @@ class ListenerProbe:
 
 
 def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dict[str, Any]:
+    from codeclog.consumers.member.service import VocodeConfig, VocoderService
     from codeclog.consumers.pipeline import StepOutput
-    from codeclog.consumers.service import VocodeConfig, VocoderService
     from codeclog.lag.drain import undrained, wait_drained
-    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
-    from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
-    from codeclog.producers.talker import Talker, wall_clock_ms
+    from codeclog.producers.publisher import PublisherConfig
     from codeclog.topics import ensure_topics
     from codeclog.topics_config import TopicsConfig
 
@@ -195,27 +186,17 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
     service = Instrumented(client, topics, config, engine, stop_event=stop)
     thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
-    from codeclog.consumers.listener import Isolation
+    from codeclog.consumers.readers.listener import Isolation
 
     probes = {
         isolation: ListenerProbe(bootstrap, topics.audio, isolation)
         for isolation in (Isolation.COMMITTED, Isolation.SPECULATIVE)
     }
     time.sleep(3.0)  # join the group before the talker starts
-    publisher = ChunkPublisher(client, PublisherConfig(topic=topics.chunks, producer_id="bench"))
-    talker = Talker(publisher, producer_id="bench", native_duplex=True)
-    synthetic = SyntheticConfig(sessions=streams, seconds=seconds, seed=1)
+    voice = Voice(client, PublisherConfig(topic=topics.chunks, producer_id="bench"))
     started = time.monotonic()
-    play(
-        merged(scripts(synthetic)),
-        talker.apply,
-        total_s=seconds,
-        realtime=True,
-        clock=time.monotonic,
-        sleep=time.sleep,
-        now_ms=wall_clock_ms,
-    )
-    publisher.close(30)
+    voice.speak(Speech(sessions=streams, seconds=seconds, seed=1), realtime=True)
+    voice.close(30)
     talk_s = time.monotonic() - started
     # drained: every partition with data committed to its end (lag.drain), not "no new
     # windows for 3 s", which a consumer stuck behind the saturated vocoder also satisfies
@@ -251,7 +232,7 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
         for column, values in columns.items():
             for q in (50, 99):
                 key = f"{isolation.value}_{column}p{q}_ms"
-                listeners[key] = _percentile(values, q) * 1000
+                listeners[key] = percentile(values, q) * 1000
     listeners["speculative_duplicates"] = probes[Isolation.SPECULATIVE].duplicates
     listeners["listener_windows"] = min(len(p.visible) for p in probes.values())
     return {
@@ -261,16 +242,16 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
         "windows": windows,
         "windows_per_s": windows / talk_s if talk_s else 0.0,
         "needed_windows_per_s": streams * 1.0,
-        "e2e_p50_ms": _percentile(end_to_end, 50) * 1000,
-        "e2e_p99_ms": _percentile(end_to_end, 99) * 1000,
-        "decode_p50_ms": _percentile(decode, 50) * 1000,
-        "decode_p99_ms": _percentile(decode, 99) * 1000,
-        "added_p50_ms": _percentile(added, 50) * 1000,
-        "added_p99_ms": _percentile(added, 99) * 1000,
-        "arrive_p50_ms": _percentile(arrive, 50) * 1000,
-        "arrive_p99_ms": _percentile(arrive, 99) * 1000,
-        "txn_p50_ms": _percentile(in_step, 50) * 1000,
-        "txn_p99_ms": _percentile(in_step, 99) * 1000,
+        "e2e_p50_ms": percentile(end_to_end, 50) * 1000,
+        "e2e_p99_ms": percentile(end_to_end, 99) * 1000,
+        "decode_p50_ms": percentile(decode, 50) * 1000,
+        "decode_p99_ms": percentile(decode, 99) * 1000,
+        "added_p50_ms": percentile(added, 50) * 1000,
+        "added_p99_ms": percentile(added, 99) * 1000,
+        "arrive_p50_ms": percentile(arrive, 50) * 1000,
+        "arrive_p99_ms": percentile(arrive, 99) * 1000,
+        "txn_p50_ms": percentile(in_step, 50) * 1000,
+        "txn_p99_ms": percentile(in_step, 99) * 1000,
     }
 
 
@@ -361,7 +342,7 @@ def main() -> int:
                 f"{r['speculative_written_p99_ms']:.1f} |",
                 flush=True,
             )
-    print(f"\ncommand: python bench/bench_consumer.py {' '.join(sys.argv[1:])}".rstrip())
+    print(f"\ncommand: python -m bench.bench_consumer {' '.join(sys.argv[1:])}".rstrip())
     return 0
 
 

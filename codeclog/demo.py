@@ -16,7 +16,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,9 +26,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
-
-from codeclog.errors import CodeclogError
+from codeclog.devtools.members import READY_LINE, Members
+from codeclog.devtools.probe import AudioProbe
+from codeclog.devtools.stats import percentile
+from codeclog.devtools.talker import Speech, Voice
 from codeclog.kafka_log import KAFKA_LOG, client_settings
 from codeclog.schemas import wire
 from codeclog.schemas.records import SAMPLE_RATE_HZ, AudioChunk, DeadLetter
@@ -37,10 +37,8 @@ from codeclog.topics_config import TopicsConfig
 from codeclog.user_files import make_folder
 
 ENV_CHECKPOINT = "CODECLOG_TOKEN2WAV_DIR"
-
-
-class DemoError(CodeclogError):
-    """The demo cannot go on (a part it started failed)."""
+VOCODER_READY_S = 180.0
+VOCODER_STOP_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,72 +121,20 @@ def _default_device() -> str:
 
 
 def _start_vocoder(
-    cluster: DemoCluster, topics_file: Path, options: DemoOptions, log_path: Path
+    cluster: DemoCluster, topics_file: Path, options: DemoOptions, members: Members
 ) -> subprocess.Popen[bytes]:
+    """`codeclog vocode` as its own process, logging into --out/vocode.log; ready once it holds
+    its partitions."""
     vocoder = options.vocoder or os.environ.get(ENV_CHECKPOINT) or "tiny"
     device = options.device or _default_device()
     _say(f"[demo] starting the Code2Wav consumer: vocoder={vocoder} device={device}")
-    command = [
-        sys.executable,
-        "-m",
-        "codeclog.cli",
-        "vocode",
-        *cluster.cli_args("vocoder"),
-        "--topics-config",
-        str(topics_file),
-        "--vocoder",
-        vocoder,
-        "--device",
-        device,
-        "--instance-id",
-        "demo",
-    ]
-    with log_path.open("wb") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-
-
-class AudioCollector(threading.Thread):
-    """Reads the audio topic (read_committed) as it is written; keeps chunks and latencies."""
-
-    def __init__(self, client: dict[str, Any], topic: str, partitions: int, t0: float) -> None:
-        super().__init__(daemon=True)
-        self.consumer = Consumer(
-            client_settings(
-                client,
-                {
-                    "group.id": "codeclog-demo-listener",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                },
-            )
-        )
-        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        self.chunks: list[AudioChunk] = []
-        self.latencies: list[tuple[float, float]] = []
-        self.t0 = t0
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            for message in self.consumer.consume(200, 0.1):
-                if message.error() is not None:
-                    continue
-                self._take(message.value() or b"")
-
-    def _take(self, value: bytes) -> None:
-        chunk = wire.decode(value)
-        if not isinstance(chunk, AudioChunk):
-            return
-        now = time.time()
-        self.chunks.append(chunk)
-        if chunk.source_produced_at_ms > 0:
-            latency = max(0.0, now - chunk.source_produced_at_ms / 1000)
-            self.latencies.append((now - self.t0, latency))
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(5)
-        self.consumer.close()
+    args = ["--topics-config", str(topics_file), "--vocoder", vocoder, "--device", device]
+    log = members.logs / "vocode.log"
+    process = members.start("demo", *cluster.cli_args("vocoder"), *args, log=log)
+    started = time.monotonic()
+    members.wait_for_log(process, READY_LINE, VOCODER_READY_S)
+    _say(f"[demo] consumer ready in {time.monotonic() - started:.1f} s")
+    return process
 
 
 class LagSampler(threading.Thread):
@@ -233,43 +179,27 @@ class LagSampler(threading.Thread):
 def _talk(
     client: dict[str, Any], topics: TopicsConfig, options: DemoOptions, show: Any
 ) -> dict[str, Any]:
-    from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
-    from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
-    from codeclog.producers.talker import Talker, wall_clock_ms
+    from codeclog.producers.publisher import PublisherConfig
 
-    synthetic = SyntheticConfig(
-        sessions=options.sessions, seconds=options.seconds, seed=options.seed
-    )
-    publisher = ChunkPublisher(
-        client,
-        PublisherConfig(topic=topics.chunks, producer_id="demo-talker", linger_ms=1.0),
-    )
-    talker = Talker(publisher, producer_id="demo-talker", native_duplex=True)
-    session_scripts = scripts(synthetic)
+    config = PublisherConfig(topic=topics.chunks, producer_id="demo-talker", linger_ms=1.0)
+    voice = Voice(client, config)
     try:
-        play(
-            merged(session_scripts),
-            talker.apply,
-            total_s=synthetic.seconds,
-            realtime=True,
-            clock=time.monotonic,
-            sleep=time.sleep,
-            now_ms=wall_clock_ms,
-            on_progress=show,
+        voice.speak(
+            Speech(options.sessions, options.seconds, options.seed), realtime=True, on_progress=show
         )
     finally:
-        report = publisher.close(30)
-    stats = publisher.stats
+        report = voice.close(30)
+    stats = voice.publisher.stats
     return {
         "sessions": options.sessions,
         "published": stats.delivered,
         "failed": stats.failed,
         "undelivered": report.undelivered,
-        "talker_audio_seconds": round(talker.stats.audio_seconds, 2),
+        "talker_audio_seconds": round(voice.talker.stats.audio_seconds, 2),
     }
 
 
-def _wait_drained(collector: AudioCollector, sampler: LagSampler, timeout_s: float) -> None:
+def _wait_drained(collector: AudioProbe, sampler: LagSampler, timeout_s: float) -> None:
     """Until every partition with data is committed to its end (partitions the group never
     committed on included: a total lag of 0 over the committed ones is not enough) and the
     audio collector has seen nothing new for 2 s."""
@@ -277,20 +207,12 @@ def _wait_drained(collector: AudioCollector, sampler: LagSampler, timeout_s: flo
     last_count, stable_since = -1, time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.5)
-        count = len(collector.chunks)
+        count = len(collector.seen)
         if count != last_count:
             last_count, stable_since = count, time.monotonic()
         elif sampler.drained and time.monotonic() - stable_since > 2.0:
             return
     _say("[demo] warning: the consumer did not drain within the timeout")
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def write_wavs(chunks: list[AudioChunk], out_dir: Path) -> dict[str, float]:
@@ -352,15 +274,6 @@ def plot(timeline: Timeline, path: Path) -> bool:
     return True
 
 
-def _stop_vocoder(process: subprocess.Popen[bytes]) -> int:
-    process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait()
-
-
 def run_demo(options: DemoOptions) -> int:
     from codeclog.topics import ensure_topics
 
@@ -378,11 +291,10 @@ def run_demo(options: DemoOptions) -> int:
 
             # The demo plots time and audio lag: its monitor may read the chunk payloads.
             apply_acls(admin, role_acls(topics, monitor_reads=True))
-        log_path = options.out_dir / "vocode.log"
-        vocoder = _start_vocoder(cluster, topics_file, options, log_path)
-        _wait_ready(vocoder, log_path, timeout_s=180)
+        members = Members(options.out_dir)
+        vocoder = _start_vocoder(cluster, topics_file, options, members)
         t0 = time.time()
-        collector = AudioCollector(cluster.config("replay"), topics.audio, topics.partitions, t0)
+        collector = AudioProbe(cluster.config("replay"), topics.audio, topics.partitions)
         sampler = LagSampler(cluster.config("monitor"), "codeclog-vocoder", topics.chunks, t0)
         collector.start()
         sampler.start()
@@ -391,11 +303,11 @@ def run_demo(options: DemoOptions) -> int:
         print(file=sys.stderr)
         _say("[demo] talker done; waiting for the consumer to drain")
         _wait_drained(collector, sampler, timeout_s=60)
-        code = _stop_vocoder(vocoder)
+        code = members.stop(vocoder, VOCODER_STOP_S)
         collector.stop()
         sampler.stop()
         summary = _summarise(
-            talk, collector, sampler, cluster.config("replay"), topics, options, code
+            talk, collector, sampler, cluster.config("replay"), topics, options, code, t0
         )
         summary["secure"] = bool(cluster.role_files)
         summary.update(_capture_and_report(cluster.config("replay"), topics, options.out_dir))
@@ -407,21 +319,8 @@ def run_demo(options: DemoOptions) -> int:
     return 0 if healthy else 1
 
 
-def _wait_ready(process: subprocess.Popen[bytes], log_path: Path, timeout_s: float) -> None:
-    """Wait until the consumer holds its partitions (it logs "state restored in" once they are)."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if process.poll() is not None:
-            raise DemoError(f"the consumer exited with {process.returncode}; see {log_path}")
-        if "state restored in" in log_path.read_text(errors="replace"):
-            _say(f"[demo] consumer ready in {time.monotonic() - started:.1f} s")
-            return
-        time.sleep(0.2)
-    raise DemoError(f"the consumer was not ready after {timeout_s:.0f} s; see {log_path}")
-
-
 def _progress_printer(
-    collector: AudioCollector, sampler: LagSampler, vocoder: subprocess.Popen[bytes]
+    collector: AudioProbe, sampler: LagSampler, vocoder: subprocess.Popen[bytes]
 ) -> Any:
     def show(progress: Any) -> None:
         lag = sampler.samples[-1] if sampler.samples else (0, 0, 0.0, 0.0)
@@ -429,7 +328,7 @@ def _progress_printer(
         alive = "up" if vocoder.poll() is None else f"exited {vocoder.returncode}"
         line = (
             f"\r[demo] t={progress.timeline_s:5.1f}/{progress.total_s:.0f}s "
-            f"chunks={progress.records:5d} audio windows={len(collector.chunks):5d} "
+            f"chunks={progress.records:5d} audio windows={len(collector.seen):5d} "
             f"lag={lag[1]:3d} rec {lag[3]:5.2f} s audio  status={status:6s} vocoder={alive}   "
         )
         print(line, end="", file=sys.stderr, flush=True)
@@ -439,26 +338,29 @@ def _progress_printer(
 
 def _summarise(
     talk: dict[str, Any],
-    collector: AudioCollector,
+    collector: AudioProbe,
     sampler: LagSampler,
     reader: dict[str, Any],
     topics: TopicsConfig,
     options: DemoOptions,
     vocoder_exit: int,
+    t0: float,
 ) -> dict[str, Any]:
-    seconds = write_wavs(collector.chunks, options.out_dir)
-    latencies = [latency for _, latency in collector.latencies]
-    timeline = Timeline(collector.latencies, sampler.samples, sampler.statuses)
+    chunks = collector.chunks
+    seconds = write_wavs(chunks, options.out_dir)
+    timed = [(at - t0, latency) for at, latency in collector.latencies()]
+    latencies = [latency for _, latency in timed]
+    timeline = Timeline(timed, sampler.samples, sampler.statuses)
     plotted = plot(timeline, options.out_dir / "latency_lag.png")
     return {
         **talk,
         "requests_with_audio": len(seconds),
         "audio_seconds": round(sum(seconds.values()), 2),
-        "audio_windows": len(collector.chunks),
+        "audio_windows": len(chunks),
         "rejections": _dead_letters(reader, topics),
         "chunk_latency_ms": {
-            "p50": round(_percentile(latencies, 50) * 1000, 1),
-            "p99": round(_percentile(latencies, 99) * 1000, 1),
+            "p50": round(percentile(latencies, 50, empty=0.0) * 1000, 1),
+            "p99": round(percentile(latencies, 99, empty=0.0) * 1000, 1),
         },
         "peak_lag": {
             "records": max((s[1] for s in sampler.samples), default=0),
@@ -497,7 +399,7 @@ def _capture_and_report(
 
 
 def _verify(reader: dict[str, Any], topics_file: Path, options: DemoOptions) -> dict[str, Any]:
-    from codeclog.consumers.verify import verify
+    from codeclog.consumers.readers.verify import verify
     from codeclog.vocoder.engine import Code2WavEngine
 
     _say("[demo] verifying: offline replay of every chunk vs the audio topic")

@@ -41,6 +41,7 @@ PROBES = [
     ),
     # appended to an existing module (the contract names modules, not a package)
     ("codeclog/producers/talker.py", "import confluent_kafka\n", "The talker imports no Kafka"),
+    ("codeclog/devtools/audit.py", "import codeclog.schemas.wire\n", "The audit reads the outputs"),
 ]
 
 

@@ -8,8 +8,9 @@ a thread; mid-run the leader of chunk partition 0 is SIGKILLed, more sessions ar
 while it is down, and the node is restarted. Then: the talker reports every record delivered,
 the chunk topic holds exactly the records published (no loss, no producer duplicate), and
 `verify` finds every expected audio window exactly once and byte-identical. Then the reduced
-fault matrix (bench/faults.py): two `codeclog vocode` members and a realtime talker through a
-member SIGKILLed during a leader failover.
+fault matrix (codeclog.devtools.faults, which `python -m bench.faults` runs whole): two
+`codeclog vocode` members and a realtime talker through a member SIGKILLed during a leader
+failover.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from confluent_kafka.admin import AdminClient
 
 from codeclog.broker import BrokerSettings
 from codeclog.cluster import LocalCluster, NodeStatusKind
+from codeclog.devtools.talker import Speech, Voice
+from codeclog.producers.publisher import PublisherConfig
 from codeclog.topics import create_topics
 from codeclog.topics_config import TopicsConfig
 
@@ -98,45 +101,14 @@ def _stack_of(thread: threading.Thread) -> str:
     return "\n".join(lines)
 
 
-class _Talker:
-    """The codeclog talker over one ChunkPublisher that lives through the whole fault."""
-
-    def __init__(self, client: dict[str, str], topic: str) -> None:
-        from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
-        from codeclog.producers.talker import Talker
-
-        config = PublisherConfig(
-            topic=topic, producer_id="fault-talker", delivery_timeout_ms=60_000
-        )
-        self.publisher = ChunkPublisher(client, config)
-        self.talker = Talker(self.publisher, producer_id="fault-talker", native_duplex=True)
-        self.records = 0
-
-    def speak(self, sessions: int, seconds: float, seed: int) -> None:
-        from codeclog.producers.synthetic import SyntheticConfig, merged, play, scripts
-        from codeclog.producers.talker import wall_clock_ms
-
-        config = SyntheticConfig(sessions=sessions, seconds=seconds, seed=seed)
-        result = play(
-            merged(scripts(config)),
-            self.talker.apply,
-            total_s=seconds,
-            realtime=False,
-            clock=time.monotonic,
-            sleep=time.sleep,
-            now_ms=wall_clock_ms,
-        )
-        self.records += result.records
-
-
 def test_leader_sigkill_and_restart_mid_run_lose_and_duplicate_nothing(
     cluster: LocalCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="codeclog.vocode")
     caplog.set_level(logging.WARNING, logger="codeclog.kafka")
     pytest.importorskip("torch")
-    from codeclog.consumers.service import VocodeConfig, VocoderService
-    from codeclog.consumers.verify import verify
+    from codeclog.consumers.member.service import VocodeConfig, VocoderService
+    from codeclog.consumers.readers.verify import verify
     from codeclog.vocoder.engine import Code2WavEngine
 
     engine: Any = Code2WavEngine.from_spec("tiny")
@@ -153,26 +125,35 @@ def test_leader_sigkill_and_restart_mid_run_lose_and_duplicate_nothing(
         client, topics, VocodeConfig(group="fault-vocoder", max_records=8), engine
     )
     codes: list[int] = []
-    runner = threading.Thread(target=lambda: codes.append(service.run()), daemon=True)
+
+    def run() -> None:
+        service.run()  # raises what ends the member: then `codes` stays empty
+        codes.append(0)
+
+    runner = threading.Thread(target=run, daemon=True)
     runner.start()
-    talker = _Talker(client, topics.chunks)
+    # the codeclog talker over one ChunkPublisher that lives through the whole fault
+    config = PublisherConfig(
+        topic=topics.chunks, producer_id="fault-talker", delivery_timeout_ms=60_000
+    )
+    talker = Voice(client, config)
     try:
-        talker.speak(sessions=3, seconds=4, seed=21)
+        talker.speak(Speech(sessions=3, seconds=4, seed=21), realtime=False)
         assert talker.publisher.flush(60) == 0
         _wait(lambda: service.stats["windows"] > 0, 120, "the vocoder's first audio")
 
         victim = _leader(client, topics.chunks, 0)
         cluster.kill(victim)  # SIGKILL, mid-run: the vocoder is still working through phase 1
         assert {s.node_id: s.kind for s in cluster.status()}[victim] is NodeStatusKind.CRASHED
-        talker.speak(sessions=3, seconds=4, seed=22)  # the talker keeps speaking meanwhile
+        talker.speak(Speech(sessions=3, seconds=4, seed=22), realtime=False)  # still speaking
         _wait(
             lambda: _leader(client, topics.chunks, 0) not in (victim, -1),
             60,
             "a new leader for chunk partition 0",
         )
         cluster.restart(victim)
-        talker.speak(sessions=3, seconds=4, seed=23)
-        report = talker.publisher.close(60)
+        talker.speak(Speech(sessions=3, seconds=4, seed=23), realtime=False)
+        report = talker.close(60)
         assert report.undelivered == 0 and report.failed == 0, report
         assert talker.publisher.stats.failed == 0
 
@@ -184,7 +165,7 @@ def test_leader_sigkill_and_restart_mid_run_lose_and_duplicate_nothing(
             return commits == ends
 
         # A stall here was the paused-partition bug (a partition lost while a decode had it
-        # paused came back paused for good; consumers/service.py `_resume_paused`).
+        # paused came back paused for good; consumers/member/service.py `_resume_paused`).
         _wait(
             caught_up,
             CATCH_UP_TIMEOUT_S,
@@ -205,14 +186,15 @@ def test_leader_sigkill_and_restart_mid_run_lose_and_duplicate_nothing(
     assert not result.dead_letters
 
 
-# The reduced fault matrix (the full one: bench/faults.py, figures in BENCHMARKS.md). One of the
-# six faults keeps its CI share to a few minutes on the 2-core box: a member SIGKILLed during a
-# leader failover (a leader failover, a member's restart that finds its transaction open, a
-# rebalance). The first test above covers a leader's SIGKILL with the service in-process.
+# The reduced fault matrix (the full one: python -m bench.faults, figures in BENCHMARKS.md). One
+# of the six faults keeps its CI share to a few minutes on the 2-core box: a member SIGKILLed
+# during a leader failover (a leader failover, a member's restart that finds its transaction
+# open, a rebalance). The first test above covers a leader's SIGKILL with the service
+# in-process.
 CI_FAULTS = ("member",)
 
 
-@pytest.mark.nightly  # CI keeps the leader-kill test above; bench/faults.py runs all six
+@pytest.mark.nightly  # CI keeps the leader-kill test above; python -m bench.faults runs all six
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("fault", CI_FAULTS)
 def test_fault_matrix_loses_and_duplicates_nothing(
@@ -221,13 +203,13 @@ def test_fault_matrix_loses_and_duplicates_nothing(
     pytest.importorskip("torch")
     import random
 
-    from bench.faults import fault_table, run_fault
+    from codeclog.devtools.faults import fault_table, run_fault
     from codeclog.vocoder.engine import Code2WavEngine
 
     engine: Any = Code2WavEngine.from_spec("tiny")
     rng = random.Random(19)
     row = run_fault(cluster, fault, rng, engine, tmp_path, seed=19, inject_after_s=6.0)
-    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in tmp_path.rglob("member-*.log"))
+    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in tmp_path.rglob("vocode-*.log"))
     assert not row.error, (fault_table([row]), logs)
     assert row.talker_lost == 0 and row.talker_records > 0, fault_table([row])
     assert row.verify_ok and row.missing == row.duplicated == row.mismatched == 0, row

@@ -11,7 +11,10 @@ It reads every committed record (read_committed) of the audio topic and checks, 
 and counts the dead letters. `windows` maps (request, epoch, index) to the SHA-256, so a caller
 can compare it with another source (verify's replay, a second run).
 
-    python bench/audit.py --bootstrap 127.0.0.1:9092 --audio codec.audio --dlq codec.dlq
+    python -m codeclog.devtools.audit --bootstrap 127.0.0.1:9092 --audio codec.audio --dlq codec.dlq
+
+It stays independent of the pipeline (pyproject.toml's import-linter contract "The audit
+reads the outputs with the .avsc files only"): it imports nothing of codeclog.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from fastavro import parse_schema, schemaless_reader
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-AVRO_DIR = Path(__file__).resolve().parents[1] / "schemas" / "avro"
+AVRO_DIR = Path(__file__).resolve().parents[1] / "schemas" / "avro"  # codeclog/schemas/avro
 MARKER = b"\xc3\x01"  # Avro single-object encoding, version 1
 HEADER = len(MARKER) + 8  # marker + CRC-64-AVRO fingerprint (little-endian)
 READ_IDLE_S = 15.0  # a partition that sends nothing this long while not at its end: give up

@@ -1,0 +1,224 @@
+"""One run of the fault matrix (issue 19) on a local 3-node cluster (RF 3, min ISR 2): a
+realtime talker and two `codeclog vocode` members, one fault injected at a seeded random
+moment, then the checks. `python -m bench.faults` runs the whole matrix and prints its table;
+tests/broker/test_cluster_faults.py runs one fault of it. The faults: fault_actions.
+
+After each run: the talker's publisher reports its lost (failed or undelivered) records,
+`verify` replays the chunk topic and compares every window, and an independent audit
+(codeclog.devtools.audit: the .avsc files + confluent-kafka + fastavro only) reads the audio
+topic and checks every window once, hashes, indices and sample offsets contiguous; the DLQ must
+be empty. Measured per fault, from a read_committed probe on the audio topic: the longest gap
+between two audio commits becoming visible while the talker speaks (before the fault and from
+the fault on), and the chunk latency (produced_at of a window's newest chunk -> visible) p99
+before and during the fault (chunks produced from the fault to 5 s after it ended).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from codeclog.cluster import LocalCluster
+from codeclog.devtools.audit import AuditReport, audit
+from codeclog.devtools.fault_actions import FAULT_ACTIONS, FaultContext, with_nodes_up
+from codeclog.devtools.members import READY_LINE, Members, wait_group_drained
+from codeclog.devtools.probe import AudioProbe
+from codeclog.devtools.stack import write_topics_file
+from codeclog.devtools.stats import percentile
+from codeclog.devtools.talker import LiveTalker, Speech, Voice
+from codeclog.producers.publisher import PublisherConfig
+from codeclog.topics import create_topics
+from codeclog.topics_config import TopicsConfig
+
+MEMBER_READY_S = 240.0  # two members loading torch on a loaded 2-core box
+MEMBER_STOP_S = 90.0
+DRAIN_S = 300.0
+AFTER_FAULT_S = 5.0
+WARM_S = 5.0  # chunks of the talker's first seconds are not counted (producer id, JIT)
+INJECT_AFTER_S = 12.0  # the fault comes 12-20 s after the talker started
+SESSIONS_PER_ROUND = 3
+ROUND_S = 8.0
+TALKER_CLOSE_S = 240.0  # the talker's delivery timeout too: it rides out every fault
+PARTITIONS = 4
+
+
+@dataclasses.dataclass
+class FaultRow:
+    fault: str
+    what: str
+    injected_after_s: float
+    talker_records: int
+    talker_lost: int
+    verify_ok: bool
+    expected_windows: int
+    missing: int
+    duplicated: int
+    mismatched: int
+    audit: dict[str, Any]
+    audit_matches_verify: bool
+    dead_letters: int
+    gap_before_s: float
+    gap_during_s: float
+    p99_before_ms: float
+    p99_during_ms: float
+    member_exits: list[str]
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.error
+            and self.verify_ok
+            and self.talker_lost == 0
+            and self.audit["ok"]
+            and self.audit_matches_verify
+            and self.dead_letters == 0
+        )
+
+
+def _gaps(seen: list[float], start: float, end: float) -> float:
+    """The longest time between two windows becoming visible (at `seen`), from the last one
+    before `start` up to the last one at or before `end` (a stall over `start` counts whole)."""
+    times = sorted(seen)
+    inside = [t for t in times if start <= t <= end]
+    before = [t for t in times if t < start]
+    window = before[-1:] + inside
+    if len(window) < 2:
+        return float("nan")
+    return float(max(b - a for a, b in itertools.pairwise(window)))
+
+
+def _latencies_ms(probe: AudioProbe, start: float, end: float) -> list[float]:
+    """produced_at of a window's newest chunk -> visible, for chunks produced in [start, end)."""
+    return [
+        (at - chunk.source_produced_at_ms / 1000) * 1000
+        for at, chunk in probe.seen
+        if chunk.source_produced_at_ms and start <= chunk.source_produced_at_ms / 1000 < end
+    ]
+
+
+def _fresh_run(cluster: LocalCluster, fault: str, workdir: Path) -> FaultContext:
+    """Fresh topics, group and log folder for one fault."""
+    run = f"{fault}-{uuid.uuid4().hex[:6]}"
+    topics = TopicsConfig(
+        chunks=f"fm-{run}-chunks",
+        audio=f"fm-{run}-audio",
+        dlq=f"fm-{run}-dlq",
+        progress=f"fm-{run}-progress",
+        partitions=PARTITIONS,
+    )
+    client = {"bootstrap.servers": cluster.bootstrap}
+    create_topics(client, topics)
+    logs = workdir / run
+    logs.mkdir(parents=True)
+    topics_file = write_topics_file(topics, logs)
+    return FaultContext(cluster, client, topics, topics_file, f"fm-{run}", Members(logs))
+
+
+def run_fault(
+    cluster: LocalCluster,
+    fault: str,
+    rng: random.Random,
+    engine: Any,
+    workdir: Path,
+    seed: int,
+    inject_after_s: float = INJECT_AFTER_S,
+) -> FaultRow:
+    """One fault on `cluster`: fresh topics and group, two members, the live talker; the fault
+    comes `inject_after_s` plus 0-8 s (seeded) after the talker started."""
+    from codeclog.consumers.readers.verify import verify
+
+    ctx = _fresh_run(cluster, fault, workdir)
+    client, topics, members = ctx.client, ctx.topics, ctx.members
+    probe = AudioProbe(client, topics.audio, topics.partitions)
+    config = PublisherConfig(
+        topic=topics.chunks, producer_id="faults-talker", delivery_timeout_ms=240_000
+    )
+    voice = Voice(client, config)
+    talker = LiveTalker(voice, Speech(SESSIONS_PER_ROUND, ROUND_S, seed), repeat=True)
+    error = ""
+    fault_at = fault_end = talk_start = time.time()
+    delay = 0.0
+    try:
+        ctx.start_member("a")
+        ctx.start_member("b")
+        for name in ("a", "b"):
+            members.wait_for_log(members.latest[name], READY_LINE, MEMBER_READY_S)
+        probe.start()
+        talk_start = time.time()
+        talker.start()
+        delay = rng.uniform(inject_after_s, inject_after_s + 8.0)
+        time.sleep(delay)
+        fault_at = time.time()
+        FAULT_ACTIONS[fault](ctx)
+        fault_end = time.time()
+        time.sleep(AFTER_FAULT_S)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        talker.stop(ROUND_S * 3)
+    voice.close(TALKER_CLOSE_S)
+    if talker.error is not None:
+        error = error or f"talker: {talker.error}"
+    with_nodes_up(cluster)
+    error = error or wait_group_drained(client, ctx.group, topics.chunks, DRAIN_S)
+    crashed = members.crashed()
+    members.stop_all(MEMBER_STOP_S)
+    probe.stop()
+    report = verify(client, topics, engine)
+    checked: AuditReport = audit(client, topics.audio, topics.dlq)
+    matches = (
+        len(checked.windows) == report.expected_windows
+        and not report.missing
+        and not report.unexpected
+        and not report.mismatched
+    )
+    warm = talk_start + WARM_S
+    seen = [at for at, _ in probe.seen]
+    if error:
+        (members.logs / "members.txt").write_text(members.tail())
+    return FaultRow(
+        fault=fault,
+        what="; ".join(ctx.notes) or "(not injected)",
+        injected_after_s=round(delay, 1),
+        talker_records=voice.records,
+        talker_lost=voice.failed,
+        verify_ok=report.ok,
+        expected_windows=report.expected_windows,
+        missing=len(report.missing),
+        duplicated=len(report.duplicated),
+        mismatched=len(report.mismatched),
+        audit=checked.summary(),
+        audit_matches_verify=matches,
+        dead_letters=checked.dead_letters,
+        gap_before_s=_gaps(seen, warm, fault_at),
+        gap_during_s=_gaps(seen, fault_at, time.time()),  # until drained
+        p99_before_ms=percentile(_latencies_ms(probe, warm, fault_at), 99),
+        p99_during_ms=percentile(_latencies_ms(probe, fault_at, fault_end + AFTER_FAULT_S), 99),
+        member_exits=list(dict.fromkeys(crashed + members.exits)),
+        error=error,
+    )
+
+
+def fault_table(rows: list[FaultRow]) -> str:
+    lines = [
+        "| fault | what happened | lost | duplicated | audio gap before / from the fault "
+        "| chunk latency p99 before / during | result |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lost = r.talker_lost + r.missing
+        duplicated = r.duplicated + r.audit["duplicated"]
+        exits = f"; members: {', '.join(r.member_exits)}" if r.member_exits else ""
+        result = "ok" if r.ok else f"FAILED {r.error}".strip()
+        lines.append(
+            f"| {r.fault} | {r.what}{exits} | {lost} | {duplicated} "
+            f"| {r.gap_before_s:.1f} s / {r.gap_during_s:.1f} s "
+            f"| {r.p99_before_ms:.0f} / {r.p99_during_ms:.0f} ms | {result} |"
+        )
+    return "\n".join(lines)
