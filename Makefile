@@ -33,7 +33,7 @@ unit: setup
 	$(PY) -m pytest -q -m "not kafka"
 
 bench: setup
-	$(PY) bench/run_all.py
+	$(PY) -m bench.run_all
 
 fixture: setup
 	$(PY) -m codeclog.vocoder.fixture --write

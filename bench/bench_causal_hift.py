@@ -1,7 +1,7 @@
 """CPU cost per row of the causal HiFT (scheme B) against today's HiFT (scheme A).
 
-    python bench/bench_causal_hift.py                      # tiny and full sizes, 1 thread
-    python bench/bench_causal_hift.py --configs full --windows 2
+    python -m bench.bench_causal_hift                      # tiny and full sizes, 1 thread
+    python -m bench.bench_causal_hift --configs full --windows 2
 
 One row (batch 1) streams canonical 50-frame mel windows (1.0 s of audio each) through each
 vocoder, after one untimed warm-up window; A and B take turns window by window, so a shared
@@ -17,21 +17,16 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from codeclog.vocoder.causal_hift import (  # noqa: E402
+from codeclog.vocoder.causal_hift import (
     CausalHiftConfig,
     CausalVocoder,
     build_causal_hift,
     initialise_causal_hift,
 )
-from codeclog.vocoder.hift import (  # noqa: E402
+from codeclog.vocoder.hift import (
     HiftCache,
     HiftConfig,
     build_hift,
@@ -101,7 +96,7 @@ def compare_main(
             f"| {statistics.mean(tb):.3f} | {min(ta):.3f} | {min(tb):.3f} | {ratio:.2f} |"
         )
         print(lines[-1], file=sys.stderr)
-    command = f"python bench/{script} " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = f"python -m bench.{script} " + shlex.join(sys.argv[1:] if argv is None else argv)
     heading = title.format(torch=torch.__version__, threads=args.threads)
     print(heading + "\n\n" + "\n".join(lines) + f"\n\nCommand: `{command}`")
     return 0
@@ -114,7 +109,7 @@ def _measure_with_threads(name: str, windows: int, threads: int) -> tuple[list[f
 
 def main(argv: Sequence[str] | None = None) -> int:
     title = "Causal HiFT (B) vs HiFT (A), one row, torch {torch}, {threads} thread(s)"
-    return compare_main(__doc__ or "", "bench_causal_hift.py", title, _measure_with_threads, argv)
+    return compare_main(__doc__ or "", "bench_causal_hift", title, _measure_with_threads, argv)
 
 
 if __name__ == "__main__":

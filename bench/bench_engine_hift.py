@@ -1,15 +1,15 @@
 """CPU cost per row of the streaming engine with the causal HiFT (`--hift causal`, scheme B)
 against the default non-causal HiFT (scheme A): whole windows, flow included.
 
-    python bench/bench_engine_hift.py                      # tiny and full sizes, 1 thread
-    python bench/bench_engine_hift.py --configs tiny --windows 12
+    python -m bench.bench_engine_hift                      # tiny and full sizes, 1 thread
+    python -m bench.bench_engine_hift --configs tiny --windows 12
 
 Two engines of the same flow weights (tiny: the committed fixture and the seeded causal
 fixture; full: seeded random weights at the published sizes) decode one row (batch 1) of
 canonical 28-id windows (25 new codec frames, 1.0 s of audio each) after one untimed warm-up
 window; A and B take turns window by window, so a shared machine's load hits both alike. The
 engine's decode runs the flow then the HiFT; the flow's share is the same for both, so B / A
-here is below the vocoder-only ratio of bench/bench_causal_hift.py. Native kernels, 1 worker.
+here is below the vocoder-only ratio of bench.bench_causal_hift. Native kernels, 1 worker.
 Prints best and mean seconds per window, the RTF (best s per 1.0 s window) and B / A.
 """
 
@@ -18,22 +18,16 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-
-from bench.bench_causal_hift import compare_main  # noqa: E402
-from codeclog.vocoder.causal_hift import (  # noqa: E402
+from bench.bench_causal_hift import compare_main
+from codeclog.vocoder.causal_hift import (
     CausalHiftConfig,
     build_causal_hift,
     initialise_causal_hift,
 )
-from codeclog.vocoder.engine import Code2WavEngine, EngineOptions  # noqa: E402
-from codeclog.vocoder.flow import FlowConfig, Token2WavFlow  # noqa: E402
-from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift  # noqa: E402
+from codeclog.vocoder.engine import Code2WavEngine, EngineOptions
+from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
+from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift
 
 SILENCE = 4218
 
@@ -80,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Engine, one row: --hift causal (B) vs noncausal (A), flow + HiFT per window, "
         "torch {torch}, {threads} thread(s)"
     )
-    return compare_main(__doc__ or "", "bench_engine_hift.py", title, measure, argv)
+    return compare_main(__doc__ or "", "bench_engine_hift", title, measure, argv)
 
 
 if __name__ == "__main__":

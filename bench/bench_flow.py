@@ -11,7 +11,7 @@ streams of a batch advance together in one `decode_chunk_batch` call per window.
 Both use the best timed window: on a shared machine other load only ever adds time (the mean
 is printed too).
 
-Run: python bench/bench_flow.py [--configs tiny,full] [--batches 1,4,16] [--device cpu|cuda]
+Run: python -m bench.bench_flow [--configs tiny,full] [--batches 1,4,16] [--device cpu|cuda]
 Prints one Markdown table row per (config, batch) and the exact command.
 """
 
@@ -34,7 +34,7 @@ AUDIO_SECONDS_PER_WINDOW = 1.0  # 25 ids x 40 ms
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Example: python bench/bench_flow.py --configs full --batches 1,4 --device cuda",
+        epilog="Example: python -m bench.bench_flow --configs full --batches 1,4 --device cuda",
     )
     parser.add_argument("--configs", default="tiny,full", help="comma list of tiny, full")
     parser.add_argument("--batches", default="1,4,16", help="comma list of batch sizes")
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("--device cuda: no CUDA device is available", file=sys.stderr)
         return 2
-    command = "python bench/bench_flow.py " + " ".join(
+    command = "python -m bench.bench_flow " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
     rows = []

@@ -12,7 +12,7 @@ codeclog.testing.upstream_streams):
 - `fold, warm`: the same fold timed batch by batch right after `wire.decode` made the batch
   (untimed), as the consumer runs it.
 
-Run: python bench/bench_fold.py [--sessions 1000] [--turns 4] [--repeat 5] [--seed 7]
+Run: python -m bench.bench_fold [--sessions 1000] [--turns 4] [--repeat 5] [--seed 7]
 Prints the rates, the ratios and a Markdown table row for BENCHMARKS.md.
 """
 
@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         vs_avro = rates[fold_name] / rates["fastavro"]
         print(f"{fold_name}: {vs_decode:.2f}x wire.decode, {vs_avro:.2f}x fastavro (target >= 2x)")
     command = (
-        f"python bench/bench_fold.py --sessions {args.sessions} --turns {args.turns} "
+        f"python -m bench.bench_fold --sessions {args.sessions} --turns {args.turns} "
         f"--repeat {args.repeat} --seed {args.seed}"
     )
     machine = (

@@ -1,7 +1,7 @@
 """What the portable kernels cost: RTF of native vs portable decoding, side by side in one run.
 
-    python bench/bench_kernels.py                       # tiny fixture, 3 windows, 5 rounds
-    python bench/bench_kernels.py --spec full --windows 1 --rounds 1   # published sizes (slow)
+    python -m bench.bench_kernels                       # tiny fixture, 3 windows, 5 rounds
+    python -m bench.bench_kernels --spec full --windows 1 --rounds 1   # published sizes (slow)
 
 Each round decodes the same stream (MiniCPM-o's 25 + 3 windows, 3 silence ids first) once per
 configuration, the configurations taking turns so that drift of a shared machine hits all of
@@ -19,15 +19,10 @@ import hashlib
 import shlex
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-
-from bench.bench_vocoder import build_engine, schedule  # noqa: E402
-from codeclog.vocoder.engine import Code2WavEngine, pcm_s16le  # noqa: E402
-from codeclog.vocoder.kernels.portable import IntegerProducts  # noqa: E402
+from bench.bench_vocoder import build_engine, schedule
+from codeclog.vocoder.engine import Code2WavEngine, pcm_s16le
+from codeclog.vocoder.kernels.portable import IntegerProducts
 
 SAMPLE_RATE = 24000
 CONFIGS = ("native", "portable/float64", "portable/int64")
@@ -86,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     portable_digests = {digests[c] for c in configs if c.startswith("portable")}
     same = len(portable_digests) <= 1
     print(f"\nthe portable configurations give identical bytes: {same}")
-    print(f"command: python bench/bench_kernels.py {shlex.join(sys.argv[1:])}".rstrip())
+    print(f"command: python -m bench.bench_kernels {shlex.join(sys.argv[1:])}".rstrip())
     return 0 if same else 1
 
 

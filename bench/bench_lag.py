@@ -1,6 +1,6 @@
 """Bench: lag evaluation time for 10,000 partitions with full windows (target < 200 ms).
 
-    python bench/bench_lag.py [--partitions N] [--repeat R]
+    python -m bench.bench_lag [--partitions N] [--repeat R]
 
 Prints one markdown table row: median CPU and wall time over R evaluations, target, command.
 The target applies to CPU time (`time.process_time`): on a shared 2-core box the wall time
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     print(
         f"| lag evaluate, {args.partitions:,} partitions x 10 samples | {cpu_ms:.1f} ms | "
-        f"{wall_ms:.1f} ms | < {TARGET_MS:.0f} ms ({verdict}) | `python bench/bench_lag.py` |"
+        f"{wall_ms:.1f} ms | < {TARGET_MS:.0f} ms ({verdict}) | `python -m bench.bench_lag` |"
     )
     return 0 if cpu_ms < TARGET_MS else 1
 

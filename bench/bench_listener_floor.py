@@ -16,8 +16,8 @@ its transaction per step, is measured by `bench_consumer.py`):
 - alternating: two transactional producers; batches go into one while the other commits, every
   --commit-ms (the shape of a pipelined consumer whose steps never wait for a commit).
 
-    python bench/bench_listener_floor.py
-    python bench/bench_listener_floor.py --streams 2 100 --seconds 15 --modes plain alternating
+    python -m bench.bench_listener_floor
+    python -m bench.bench_listener_floor --streams 2 100 --seconds 15 --modes plain alternating
 """
 
 from __future__ import annotations
@@ -29,16 +29,11 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.local_broker import cluster  # noqa: E402
+from bench.local_broker import cluster
 
 MODES = ("plain", "cadenced", "alternating")
 CHUNKS_PER_S = 25
@@ -72,7 +67,7 @@ def listener(bootstrap: str, topic: str, counted_from: float, until: float, out:
             "group.id": f"floor-listener-{uuid.uuid4().hex}",
             "auto.offset.reset": "earliest",
             "isolation.level": "read_uncommitted",
-            "fetch.wait.max.ms": 50,  # as codeclog.consumers.listener
+            "fetch.wait.max.ms": 50,  # as codeclog.consumers.readers.listener
             "enable.auto.commit": False,
         }
     )
@@ -83,7 +78,7 @@ def listener(bootstrap: str, topic: str, counted_from: float, until: float, out:
         messages += consumer.consume(500, 0) if messages else []
         now = time.time()
         for m in messages:
-            produced_at = CHUNK.unpack_from(m.value())[0] if m.error() is None else 0.0
+            produced_at = CHUNK.unpack_from(m.value() or b"")[0] if m.error() is None else 0.0
             if produced_at > counted_from:
                 latencies.append((now - produced_at) * 1000)
     consumer.close()
@@ -127,10 +122,11 @@ class Relay:
         while time.monotonic() < until:
             messages = self.consumer.consume(1, 0.01)
             messages += self.consumer.consume(1000, 0) if messages else []
+            values = [(m.key() or b"", m.value() or b"") for m in messages if m.error() is None]
             audio = [
-                (m.key(), m.value()[:8])
-                for m in messages
-                if m.error() is None and CHUNK.unpack_from(m.value())[1] % CHUNKS_PER_S == 24
+                (key, value[:8])
+                for key, value in values
+                if CHUNK.unpack_from(value)[1] % CHUNKS_PER_S == 24
             ]
             if messages:
                 self.write(audio)
@@ -240,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| streams | relay writes | windows | p50 ms | p99 ms | p99 / 15 ms target |")
     print("|---:|---|---:|---:|---:|---:|")
     print("\n".join(lines))
-    print(f"\ncommand: python bench/bench_listener_floor.py {' '.join(argv or sys.argv[1:])}")
+    print(f"\ncommand: python -m bench.bench_listener_floor {' '.join(argv or sys.argv[1:])}")
     return 0
 
 

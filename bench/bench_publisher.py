@@ -12,7 +12,7 @@ Produce-to-ack latency is measured per record from `produce()` to its delivery r
 (acks=all, idempotent). It starts its own LocalBroker in a temp dir unless --bootstrap is
 given. Prints a Markdown table and the exact command.
 
-Run: python bench/bench_publisher.py [--bootstrap HOST:PORT] [--records 20000] [--rate 200]
+Run: python -m bench.bench_publisher [--bootstrap HOST:PORT] [--records 20000] [--rate 200]
 """
 
 from __future__ import annotations
@@ -25,19 +25,14 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 
 import confluent_kafka
 from confluent_kafka.admin import AdminClient, NewTopic
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.local_broker import cluster  # noqa: E402
-from codeclog.producers.publisher import ChunkPublisher, PublisherConfig  # noqa: E402
-from codeclog.producers.windowing import StepInput, initial_state, step  # noqa: E402
-from codeclog.schemas.records import CODEC_VOCAB, CodecChunk  # noqa: E402
+from bench.local_broker import cluster
+from codeclog.producers.publisher import ChunkPublisher, PublisherConfig
+from codeclog.producers.windowing import StepInput, initial_state, step
+from codeclog.schemas.records import CODEC_VOCAB, CodecChunk
 
 LINGERS_MS = (0.0, 1.0, 5.0)
 REQUESTS = 64
@@ -168,7 +163,7 @@ def print_table(
         f"{client_version()} / librdkafka {confluent_kafka.libversion()[0]}, "
         f"{platform.machine()}."
     )
-    print(f"command: python bench/bench_publisher.py {shlex.join(sys.argv[1:])}".rstrip())
+    print(f"command: python -m bench.bench_publisher {shlex.join(sys.argv[1:])}".rstrip())
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Ragged vs exact batching: decode calls per step and windows/s by batch size, side by side.
 
-    python bench/bench_ragged.py                          # tiny fixture, CPU
-    python bench/bench_ragged.py --device cuda --spec /path/to/assets/token2wav --streams 100
+    python -m bench.bench_ragged                          # tiny fixture, CPU
+    python -m bench.bench_ragged --device cuda --spec /path/to/assets/token2wav --streams 100
 
 Part 1: one decode step of `--streams` streams at mixed positions (vocoder.mixed_batch: 0-4
 windows decoded before, every fourth window final with 1-27 ids): the flow and HiFT calls the
@@ -22,17 +22,12 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-
-from codeclog.consumers.audio_compare import Bound, compare_bound  # noqa: E402
-from codeclog.vocoder.engine import Code2WavEngine  # noqa: E402
-from codeclog.vocoder.flow import canonical_windows  # noqa: E402
-from codeclog.vocoder.mixed_batch import decode_calls, mixed_position_items  # noqa: E402
-from codeclog.vocoder.shared import pcm_s16le  # noqa: E402
+from codeclog.consumers.readers.audio_compare import Bound, compare_bound
+from codeclog.vocoder.engine import Code2WavEngine
+from codeclog.vocoder.flow import canonical_windows
+from codeclog.vocoder.mixed_batch import decode_calls, mixed_position_items
+from codeclog.vocoder.shared import pcm_s16le
 
 
 def windows_per_s(engine: Code2WavEngine, batch: int, seconds: float) -> float:
@@ -122,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lsb, snr, count = ragged_bound(engines["exact"], engines["ragged"], args.bound_seeds)
         print(f"\n## Ragged vs solo audio, {count} windows\n")
         print(f"| max abs LSB | min SNR dB |\n|---:|---:|\n| {lsb} | {snr:.1f} |")
-    print(f"\ncommand: python bench/bench_ragged.py {shlex.join(argv or sys.argv[1:])}")
+    print(f"\ncommand: python -m bench.bench_ragged {shlex.join(argv or sys.argv[1:])}")
     return 0
 
 

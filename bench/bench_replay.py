@@ -15,8 +15,8 @@ machine it moves less than the wall time. For comparison: the shared pipeline's 
 records, `wire.decode` per value, `AudioPipeline`). Target (issue 30): >= 50k events/s on a
 2-core machine.
 
-    python bench/bench_replay.py                 # 1000 sessions, 8 partitions, tolerant
-    python bench/bench_replay.py --policy strict --sessions 200
+    python -m bench.bench_replay                 # 1000 sessions, 8 partitions, tolerant
+    python -m bench.bench_replay --policy strict --sessions 200
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(tmp) / "bench.ocf"
         make_capture(path, args.sessions, args.partitions, args.seed)
         results = measure(path, Policy(args.policy), args.repeat)
-    command = "python bench/bench_replay.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.bench_replay " + " ".join(argv if argv is not None else sys.argv[1:])
     print_results(results, args, command.strip())
     return 0
 

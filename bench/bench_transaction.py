@@ -8,8 +8,8 @@ while a step runs waits for the rest of that step and for its own, so this cost 
 latency the Kafka path adds. Measured on the local broker (or --bootstrap), with steps spaced as
 a live service spaces them (--gap-ms, default 30) and back to back (gap 0).
 
-    python bench/bench_transaction.py
-    python bench/bench_transaction.py --steps 500 --gap-ms 10
+    python -m bench.bench_transaction
+    python -m bench.bench_transaction --steps 500 --gap-ms 10
 """
 
 from __future__ import annotations
@@ -19,15 +19,10 @@ import itertools
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.local_broker import cluster  # noqa: E402
+from bench.local_broker import cluster
 
 PHASES = ("begin", "produce", "send_offsets", "commit", "whole step")
 AUDIO_BYTES = 48_000  # one second of 16-bit PCM at 24 kHz
@@ -55,7 +50,7 @@ def measure(
         }
     )
     consumer.assign([TopicPartition(source, 0, 0)])
-    from codeclog.consumers.transaction import transactional_producer_config
+    from codeclog.consumers.member.transaction import transactional_producer_config
 
     client = {"bootstrap.servers": bootstrap}
     producer = Producer(transactional_producer_config(client, f"txn-bench-{run}", 60_000))

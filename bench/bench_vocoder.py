@@ -1,8 +1,8 @@
 """End-to-end Code2Wav throughput: RTF per stream and real-time streams, at several batch sizes.
 
-    python bench/bench_vocoder.py                                   # tiny fixture, CPU, B=1,4,16
-    python bench/bench_vocoder.py --spec full --windows 1 --batches 1,4   # published sizes, CPU
-    python bench/bench_vocoder.py --spec /path/to/assets/token2wav --device cuda
+    python -m bench.bench_vocoder                                   # tiny fixture, CPU, B=1,4,16
+    python -m bench.bench_vocoder --spec full --windows 1 --batches 1,4   # published sizes, CPU
+    python -m bench.bench_vocoder --spec /path/to/assets/token2wav --device cuda
 
 Each run decodes B streams side by side (one decode_batch call per window position, MiniCPM-o's
 25 + 3 windows, 3 silence ids first), after one untimed warm-up window. Per batch size it
@@ -23,13 +23,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-
-from codeclog.vocoder.engine import Code2WavEngine  # noqa: E402
-from codeclog.vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows  # noqa: E402
-from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift  # noqa: E402
+from codeclog.vocoder.engine import Code2WavEngine
+from codeclog.vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows
+from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift
 
 SILENCE = 4218
 
@@ -145,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_batch(engine, 1, 1)  # warm-up: first-call allocations and kernel selection
     rows = [run_batch(engine, batch, args.windows) for batch in batches]
     info = engine.describe()
-    command = "python bench/bench_vocoder.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python -m bench.bench_vocoder " + shlex.join(sys.argv[1:] if argv is None else argv)
     report = "\n".join(
         [
             f"Code2Wav end-to-end, spec `{args.spec}`, device `{info['device']}`, flow dtype "

@@ -1,8 +1,10 @@
 """The prepared GPU device check: flow, HiFT (scheme A and the causal scheme B) and engine at the
 published sizes with random weights, on a machine that has only torch and numpy.
 
-    PYTHONPATH=. python bench/device_check.py                 # cuda, full sizes, < 8 minutes
-    PYTHONPATH=. python bench/device_check.py --quick --device cpu   # tiny sizes, seconds
+    python -m bench.device_check                 # cuda, full sizes, < 8 minutes
+    python -m bench.device_check --quick --device cpu   # tiny sizes, seconds
+
+(from the checkout's root: no install needed)
 
 Measures (each section is timed against one global budget, `--budget-s`; a section that would
 start after the budget is recorded as skipped and the results so far are always written):
@@ -39,9 +41,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import numpy as np
+import torch
+
+OUT_DIR = Path(__file__).resolve().parent / "out"  # bench/out
 
 
 def stub_yaml() -> None:
@@ -68,10 +71,7 @@ def stub_yaml() -> None:
         sys.modules["yaml"] = stub
 
 
-stub_yaml()
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+stub_yaml()  # before the vocoder's modules are imported
 
 from codeclog.vocoder.causal_hift import (  # noqa: E402
     CausalHiftConfig,
@@ -475,7 +475,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.memory_batches = args.batches[-2:]
     args.windows = args.windows or (1 if args.quick else 3)
     args.section_reserve_s = 0.0 if args.quick else 20.0
-    args.out = args.out or Path(os.environ.get("OUT") or ROOT / "bench" / "out")
+    args.out = args.out or Path(os.environ.get("OUT") or OUT_DIR)
     return args
 
 
@@ -491,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__,
         sizes="tiny" if args.quick else "full (published), random weights",
-        command="python bench/device_check.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        command="python -m bench.device_check " + " ".join(sys.argv[1:] if argv is None else argv),
     )
     # the GPU box's CPU-path comparison uses up to 8 cores; --quick (a test) one, like the tests
     torch.set_num_threads(1 if args.quick else min(8, os.cpu_count() or 1))

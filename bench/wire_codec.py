@@ -1,6 +1,6 @@
 """Encode/decode throughput of the wire format for a realistic codec chunk.
 
-    python bench/wire_codec.py [--records N]
+    python -m bench.wire_codec [--records N]
 
 Prints records/s (CPU time of this process, so a busy machine skews it less than wall time)
 for: encode, decode of the latest version, decode of a v1-written chunk (schema resolution),

@@ -1,6 +1,6 @@
-"""bench/device_check.py rehearsed on the CPU in --quick mode (tiny sizes): it runs with only
-torch and numpy importable (pyyaml, safetensors, Kafka and Avro clients are blocked, as on the
-GPU machine), writes one JSON and one Markdown report with every section, and its global time
+"""`python -m bench.device_check` rehearsed on the CPU in --quick mode (tiny sizes): it runs with
+only torch and numpy importable (pyyaml, safetensors, Kafka and Avro clients are blocked, as on
+the GPU machine), writes one JSON and one Markdown report with every section, and its global time
 guard turns a spent budget into skipped sections, never into a missing report."""
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in {BLOCKED!r}:
             raise ModuleNotFoundError(f"blocked on the device machine: {{name}}", name=name)
 sys.meta_path.insert(0, Block())
-sys.argv = ["bench/device_check.py", *sys.argv[1:]]
-runpy.run_path("bench/device_check.py", run_name="__main__")
+runpy.run_module("bench.device_check", run_name="__main__", alter_sys=True)
 """
 
 
