@@ -21,6 +21,7 @@ from codeclog.config import (
 from codeclog.consumers.fold.machine import Policy
 from codeclog.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CodeclogError, exit_code
 
+ENV_KEEP_PRODUCER = "CODECLOG_TEST_KEEP_PRODUCER_AFTER_TIMEOUT"  # test-only, see VocodeConfig
 EPILOG = """\
 Exit codes (README, "Exit codes"): 0 stopped cleanly (SIGTERM/SIGINT finish the current step
 and commit it, or idle with --exit-when-idle); 1 infrastructure failure (no answer from the
@@ -231,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
         limits=limits,
         exit_when_idle_s=args.exit_when_idle,
         outage_timeout_s=args.outage_timeout,
+        # test-only: the network-fault test shows what happens without the defence
+        reinit_after_indefinite=not os.environ.get(ENV_KEEP_PRODUCER),
     )
     service = VocoderService(
         client_config,

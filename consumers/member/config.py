@@ -36,6 +36,10 @@ class VocodeConfig:
     # After a failed transaction or call, the member aborts, rebuilds and retries; if no
     # transaction commits within outage_timeout_s of the first failure, it gives up (exit 1).
     outage_timeout_s: float = 60.0
+    # After a call whose outcome is unknown (a timeout), replace the producer before the next
+    # transaction: its epoch bump fences a late request. Off only in the test that shows it is
+    # what keeps the history clean (CODECLOG_TEST_KEEP_PRODUCER_AFTER_TIMEOUT=1 for vocode).
+    reinit_after_indefinite: bool = True
 
     @property
     def transactional_id(self) -> str:

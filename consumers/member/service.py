@@ -96,6 +96,7 @@ class VocoderService:
             config.kafka_timeout_s,
             self.metrics,
             self.refusals.of,
+            config.reinit_after_indefinite,
         )
         self.intake = Intake(
             client_config, config.intake(topics.chunks), self.metrics, self.refusals, self

@@ -32,6 +32,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from codeclog.consumers import kafka_calls
 from codeclog.consumers.kafka_calls import (
     FENCED_CODES,
+    INDEFINITE_CODES,
     RETRY_INIT_CODES,
     InfrastructureError,
     StuckCallError,
@@ -111,6 +112,7 @@ class Transactions:
         kafka_timeout_s: float,
         metrics: VocoderMetrics,
         refusal: Refusal = lambda exc: None,
+        reinit_after_indefinite: bool = True,
     ) -> None:
         self.client_config = client_config
         self.transactional_id = transactional_id
@@ -127,6 +129,11 @@ class Transactions:
         self._generation = 0  # bumped when a stuck commit is abandoned
         # A refused login or ACL as the error to end with (exit 2), None for any other error
         self.refusal = refusal
+        # The defence against late requests (README, "How recovery works"); off only in the
+        # test that shows it is what keeps the history clean
+        self.reinit_after_indefinite = reinit_after_indefinite
+        self.reinits = 0  # producers re-initialised after an indefinite outcome
+        self._retiring = False  # the producer to replace is not stuck: close it, in the background
 
     @property
     def abandoned(self) -> int:
@@ -171,7 +178,11 @@ class Transactions:
         if self.producer is None or self.wedged:
             if self.producer is not None:
                 log.warning("replacing the transactional producer (%s)", reason)
-                self._abandoned.append(self.producer)  # never destroyed: it may be stuck
+                if self._retiring:
+                    self._retire(self.producer)
+                else:
+                    self._abandoned.append(self.producer)  # never destroyed: it may be stuck
+            self._retiring = False
             self.producer = Producer(self._producer_config())
             self.wedged = False
             self._needs_init = True
@@ -183,6 +194,20 @@ class Transactions:
                 if error is not None and error.fatal():
                     self.wedged = True
                 raise
+
+    def _retire(self, producer: Producer) -> None:
+        """A producer replaced after an indefinite outcome (not stuck): purged, flushed and
+        destroyed on a daemon thread, so its threads and sockets do not pile up."""
+        bound = self.kafka_timeout_s
+
+        def close() -> None:
+            try:
+                producer.purge()
+                producer.flush(bound)
+            except (KafkaException, RuntimeError) as exc:
+                log.debug("closing a retired producer: %s", exc)
+
+        threading.Thread(target=close, name="codeclog-retire", daemon=True).start()
 
     def close(self) -> None:
         """Flush and drop the producer (a wedged one is abandoned, never flushed)."""
@@ -329,6 +354,9 @@ class Transactions:
                 f"{self.transactional_id!r} ({one_line(exc)})"
             ) from exc
         raise_if_denied(exc)
+        if self.reinit_after_indefinite and _indefinite(exc):
+            self._reinit_after(exc)
+            return
         if error is not None and error.fatal():
             log.warning("fatal producer error (%s): replacing the producer, rewinding", error)
             self.wedged = True
@@ -342,6 +370,22 @@ class Transactions:
             self.wedged = True
             return
         self.abort_quietly()
+
+    def _reinit_after(self, exc: TransactionError) -> None:
+        """The call timed out: it may still land on the broker, under this producer's epoch,
+        inside a later transaction. Abort, then replace the producer: the new one's
+        init_transactions bumps the epoch, which fences whatever the old epoch has in flight
+        (the client-side defence Jepsen recommends; KIP-890's per-transaction epoch bump needs
+        a client that librdkafka is not yet)."""
+        log.warning(
+            "%s: the outcome is unknown (the request may still land); re-initialising the "
+            "producer (epoch bump) before the next transaction",
+            one_line(exc),
+        )
+        self.abort_quietly()
+        self.reinits += 1
+        self.wedged = True
+        self._retiring = True
 
     def abort_quietly(self) -> bool:
         """Abort the open transaction; a producer that cannot abort is replaced later. True
@@ -389,3 +433,9 @@ def transactional_producer_config(
         }
     )
     return config
+
+
+def _indefinite(exc: BaseException) -> bool:
+    """A timeout whose request may still land: its outcome is unknown (INDEFINITE_CODES)."""
+    error = kafka_error(exc)
+    return error is not None and error.code() in INDEFINITE_CODES

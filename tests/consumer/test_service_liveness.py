@@ -203,9 +203,41 @@ def test_a_retriable_transaction_error_is_retried_not_the_end() -> None:
     aborted: list[bool] = []
     transactions = _transactions(service)
     transactions.abort_quietly = lambda: aborted.append(True)  # type: ignore[method-assign]
-    retriable = KafkaException(KafkaError(KafkaError._TIMED_OUT, "slow", retriable=True))
+    retriable = KafkaException(
+        KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE, "moving", retriable=True)
+    )
     transactions.handle_error(retriable)
     assert aborted == [True] and not transactions.wedged
+
+
+class _Aborts:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return True
+
+
+@pytest.mark.parametrize(
+    "code", [KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT]
+)
+def test_an_indefinite_outcome_re_initialises_the_producer_before_the_next_transaction(
+    code: int,
+) -> None:
+    """A timed-out call may still land on the broker later, under the producer's epoch: the
+    transaction is aborted and the producer replaced, so the new one's init_transactions bumps
+    the epoch and fences it (README, "How recovery works"). With the test-only switch off the
+    producer is kept, as before this defence."""
+    timed_out = KafkaException(KafkaError(code, "timed out", retriable=True))
+    for defended in (True, False):
+        transactions = _transactions(_service())
+        transactions.reinit_after_indefinite = defended
+        aborts = _Aborts()
+        transactions.abort_quietly = aborts  # type: ignore[method-assign]
+        transactions.handle_error(timed_out)
+        assert aborts.calls == 1
+        assert transactions.wedged is defended and transactions.reinits == int(defended)
 
 
 class _Message:
