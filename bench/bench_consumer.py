@@ -152,10 +152,10 @@ class ListenerProbe:
 
 def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dict[str, Any]:
     from codeclog.consumers.member.service import VocodeConfig, VocoderService
-    from codeclog.consumers.pipeline import StepOutput
+    from codeclog.consumers.stream.pipeline import StepOutput
+    from codeclog.kafka.topics import ensure_topics
     from codeclog.lag.drain import undrained, wait_drained
     from codeclog.producers.publisher import PublisherConfig
-    from codeclog.topics import ensure_topics
     from codeclog.topics_config import TopicsConfig
 
     run = uuid.uuid4().hex[:8]

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from bench.bench_consumer import InstantEngine, kafka_path
-from codeclog.broker import BrokerSettings, LocalBroker
-from codeclog.cluster import LocalCluster
 from codeclog.devtools import fault_actions, faults
+from codeclog.devtools.broker import BrokerSettings, LocalBroker
+from codeclog.devtools.cluster import LocalCluster
 from codeclog.devtools.fault_actions import FAULTS
 from codeclog.devtools.faults import FaultRow, fault_table, run_fault
 

@@ -20,7 +20,7 @@ def cluster(bootstrap: str | None) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
         return
-    from codeclog.broker import BrokerSettings, LocalBroker
+    from codeclog.devtools.broker import BrokerSettings, LocalBroker
 
     with tempfile.TemporaryDirectory(prefix="codeclog-bench-") as tmp:
         broker = LocalBroker(Path(tmp), BrokerSettings(die_with_parent=True))

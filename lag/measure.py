@@ -87,14 +87,14 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from codeclog.errors import CodeclogError, UsageError
-from codeclog.kafka_access import (
+from codeclog.kafka.access import (
     is_authorization_error,
     principal_of,
     raise_if_topic_refused,
     refusal,
     refusal_of_unused,
 )
-from codeclog.kafka_log import client_settings
+from codeclog.kafka.log import client_settings
 from codeclog.lag.evaluator import offset_lag
 from codeclog.schemas import wire
 from codeclog.schemas.records import FRAME_SECONDS, CodecChunk
@@ -116,7 +116,7 @@ def quiet(client_config: Mapping[str, str]) -> dict[str, Any]:
     """librdkafka logs every failed connect; the one-sentence error says it better.
 
     Level 2 (critical) like `codeclog topics`; a log_level in the user's config wins. The lines
-    go to the `codeclog.kafka` logger (codeclog.kafka_log), never straight to stderr.
+    go to the `codeclog.kafka` logger (codeclog.kafka.log), never straight to stderr.
     """
     return client_settings({"log_level": "2"}, client_config)
 

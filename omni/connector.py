@@ -20,7 +20,7 @@ Config (the edge's `extra` dict in the deploy YAML): `bootstrap` or `bootstrap.s
 (default $CODECLOG_BOOTSTRAP), `topic` (default codec.chunks), `group_id` (default
 codeclog-omni-stage<stage_id>), `delivery_timeout_ms` (30000), `linger_ms` (0), `kafka` (extra
 librdkafka properties, e.g. security), `index_max_entries` (100000), `producer_id`.
-librdkafka's own log lines go to the `codeclog.kafka` logger (codeclog.kafka_log), the
+librdkafka's own log lines go to the `codeclog.kafka` logger (codeclog.kafka.log), the
 connector's to `codeclog.omni`; neither writes to stderr unless the process configures logging.
 """
 
@@ -37,7 +37,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from codeclog.kafka_log import client_settings
+from codeclog.kafka.log import client_settings
 from codeclog.omni.index import Entry, HandOutIndex, IndexKey
 from codeclog.omni.payload import Decoded, PayloadError, decode_payload, encode_payload
 from codeclog.producers.publisher import PublisherConfig, producer_settings

@@ -29,13 +29,13 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from codeclog.errors import CodeclogError
-from codeclog.kafka_access import (
+from codeclog.kafka.access import (
     authorization_error,
     hidden_topic_hint,
     is_authorization_error,
     raise_if_topic_refused,
 )
-from codeclog.kafka_log import KAFKA_LOG, client_settings
+from codeclog.kafka.log import KAFKA_LOG, client_settings
 from codeclog.producers.talker import Record
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from codeclog.kafka_access import is_authorization_error, raise_if_topic_refused, refusal
-from codeclog.kafka_log import client_settings
+from codeclog.kafka.access import is_authorization_error, raise_if_topic_refused, refusal
+from codeclog.kafka.log import client_settings
 from codeclog.replay.capture_format import (
     CapturedRecord,
     CaptureFile,

@@ -13,12 +13,12 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from codeclog.kafka_access import (
+from codeclog.kafka.access import (
     authorization_error,
     is_authorization_error,
     raise_if_topic_refused,
 )
-from codeclog.kafka_log import client_settings
+from codeclog.kafka.log import client_settings
 from codeclog.replay.capture_format import CapturedRecord, TimestampType
 from codeclog.replay.errors import RepublishError
 from codeclog.replay.inputs import ReplayInput, log_order

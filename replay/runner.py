@@ -13,16 +13,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
-from codeclog.consumers.fold.machine import FoldConfig, Policy
-from codeclog.consumers.pipeline import (
-    AudioPipeline,
-    InputRecord,
-    PipelineConfig,
-    Position,
-    StepOutput,
-)
-from codeclog.consumers.stream_limit import EVICTED_BY_CAP, LimitOptions, StreamLimit
+from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
+from codeclog.consumers.stream.limit import EVICTED_BY_CAP, LimitOptions, StreamLimit
+from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig, StepOutput
 from codeclog.errors import CodeclogError
+from codeclog.kafka.records import InputRecord, Position
 from codeclog.replay.columns import CaptureTable
 from codeclog.replay.errors import ReplayError
 from codeclog.replay.fast import replay_table
@@ -74,7 +69,7 @@ def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 def replay(
     source: ReplayInput, options: ReplayOptions, progress: StepProgress | None = None
 ) -> ReplayResult:
-    """Run the input through the shared pipeline (consumers.pipeline) and build the report.
+    """Run the input through the shared pipeline (consumers.stream.pipeline) and build the report.
 
     A capture read as columns, replayed without a vocoder, takes the state-only path
     (replay.fast): the same decisions as the pipeline, with the values decoded in bulk."""

@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from codeclog.broker import BrokerSettings, BrokerStartError, BrokerState, LocalBroker
-from codeclog.config import ENV_BOOTSTRAP
+from codeclog.cli.config import ENV_BOOTSTRAP
+from codeclog.devtools.broker import BrokerSettings, BrokerStartError, BrokerState, LocalBroker
+from codeclog.devtools.jars import JarFetcher
 from codeclog.errors import CodeclogError
-from codeclog.kafka_jars import JarFetcher
 
 ENV_SKIP_KAFKA = "CODECLOG_SKIP_KAFKA"
 # The deep tier: tests that take minutes each (the cluster fault matrix, a second emulated CPU

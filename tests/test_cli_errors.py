@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.config import ENV_BOOTSTRAP, kafka_client_config
+from codeclog.cli.config import ENV_BOOTSTRAP, kafka_client_config
 
 ROOT = Path(__file__).resolve().parents[1]
 NOWHERE = ["--bootstrap", "127.0.0.1:1"]  # never contacted: every case fails before

@@ -19,9 +19,9 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 # (probe module, its source, the contract that must report it)
 PROBES = [
-    ("codeclog/consumers/fold/_probe_torch.py", "import torch\n", "The fold is pure"),
+    ("codeclog/consumers/stream/fold/_probe_torch.py", "import torch\n", "The fold is pure"),
     (
-        "codeclog/consumers/fold/_probe_wire.py",
+        "codeclog/consumers/stream/fold/_probe_wire.py",
         "from codeclog.schemas import wire\n",
         "The fold is pure",
     ),
@@ -31,14 +31,16 @@ PROBES = [
         "from codeclog.schemas.records import CodecChunk\n",
         "The vocoder is the model",
     ),
-    ("codeclog/vocoder/_probe_up.py", "import codeclog.consumers.pipeline\n", "Layers"),
-    ("codeclog/consumers/_probe_cli.py", "import codeclog.commands.vocode\n", "Layers"),
-    ("codeclog/schemas/_probe_up.py", "import codeclog.topics\n", "Layers"),
+    ("codeclog/vocoder/_probe_up.py", "import codeclog.consumers.stream.pipeline\n", "Layers"),
+    ("codeclog/consumers/_probe_cli.py", "import codeclog.cli.commands.vocode\n", "Layers"),
+    ("codeclog/schemas/_probe_up.py", "import codeclog.kafka.topics\n", "Layers"),
     (
         "codeclog/producers/_probe_sibling.py",
         "import codeclog.consumers.member.service\n",
         "Layers",
     ),
+    ("codeclog/kafka/_probe_up.py", "import codeclog.consumers.member.service\n", "Layers"),
+    ("codeclog/omni/_probe_tooling.py", "import codeclog.devtools.cluster\n", "Layers"),
     # appended to an existing module (the contract names modules, not a package)
     ("codeclog/producers/talker.py", "import confluent_kafka\n", "The talker imports no Kafka"),
     ("codeclog/devtools/audit.py", "import codeclog.schemas.wire\n", "The audit reads the outputs"),
@@ -86,3 +88,18 @@ def test_each_kind_of_violation_breaks_its_contract(tmp_path: Path) -> None:
 
 def _caches(directory: str, names: list[str]) -> set[str]:
     return {name for name in names if name in {"__pycache__", "fixtures_cache"}}
+
+
+def test_the_connector_and_the_service_load_neither_the_tooling_nor_the_command_line() -> None:
+    """A vLLM environment imports the connector or runs the vocode service: neither may load
+    the local Kafka tooling (broker, cluster, security, jars, the stack harness) or the CLI."""
+    code = (
+        "import sys, codeclog.omni.connector, codeclog.consumers.member.service\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('codeclog.devtools', "
+        "'codeclog.cli'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"

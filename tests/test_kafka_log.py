@@ -1,5 +1,5 @@
 """librdkafka's own log lines reach the `codeclog.kafka` logger from every library client, never
-file descriptor 2 (codeclog.kafka_log). No broker: each client is pointed at a closed port, so
+file descriptor 2 (codeclog.kafka.log). No broker: each client is pointed at a closed port, so
 librdkafka logs a failed connect (`%3|...|FAIL|...` when it writes to stderr itself)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.kafka_log import KAFKA_LOG, client_settings
+from codeclog.kafka.log import KAFKA_LOG, client_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 NOWHERE = "127.0.0.1:1"  # nothing listens: every connect is refused at once

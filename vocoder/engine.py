@@ -137,7 +137,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 BATCHING = ("exact", "ragged")
 MAX_CPU_WORKERS = 4  # decode workers by default on CPU (see default_workers)
 PROMPT_CACHE_SIZE = 8  # voices whose prompt state is kept (each is ~1 MB per prompt frame, full)
-# The open-stream state budget (consumers.stream_limit): on CUDA this share of the device memory
+# The open-stream state budget (consumers.stream.limit): on CUDA this share of the device memory
 # free after the weights loaded (the rest is a decode batch's working memory and the allocator's
 # slack); on the CPU a constant (about 40 full-size streams of 195.9 MB, or ~800k tiny ones).
 CUDA_STATE_BUDGET_SHARE = 0.6
@@ -303,7 +303,7 @@ class Code2WavEngine:
     @property
     def lookahead_frames(self) -> int:
         """Right-context ids a non-final window carries (the flow's pre_lookahead_len); the
-        fold's FoldConfig.lookahead_frames must equal it (consumers.pipeline checks)."""
+        fold's FoldConfig.lookahead_frames must equal it (consumers.stream.pipeline checks)."""
         return int(self.flow_config.pre_lookahead_len)
 
     @property
@@ -415,7 +415,7 @@ class Code2WavEngine:
         """The most bytes one stream's state of `voice` ever holds between windows: both
         attention caches at prompt + att_keep_frames frames (they are trimmed back to that
         after every window) and full HiFT caches. A stream reaches it within a few windows,
-        so a memory budget charges every open stream this much (consumers.stream_limit)."""
+        so a memory budget charges every open stream this much (consumers.stream.limit)."""
         flow = self.setup(voice).flow
         frames = max(flow.noise_offset, flow.prompt_frames + self.flow_config.att_keep_frames)
         fixed = flow.conformer_cnn_cache, flow.estimator_cnn_cache, flow.spk

@@ -23,16 +23,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from codeclog.cluster import LocalCluster
 from codeclog.devtools.audit import AuditReport, audit
+from codeclog.devtools.cluster import LocalCluster
 from codeclog.devtools.fault_actions import FAULT_ACTIONS, FaultContext, with_nodes_up
 from codeclog.devtools.members import READY_LINE, Members, wait_group_drained
 from codeclog.devtools.probe import AudioProbe
 from codeclog.devtools.stack import write_topics_file
 from codeclog.devtools.stats import percentile
 from codeclog.devtools.talker import LiveTalker, Speech, Voice
+from codeclog.kafka.topics import create_topics
 from codeclog.producers.publisher import PublisherConfig
-from codeclog.topics import create_topics
 from codeclog.topics_config import TopicsConfig
 
 MEMBER_READY_S = 240.0  # two members loading torch on a loaded 2-core box

@@ -10,7 +10,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from codeclog.kafka_log import client_settings
+from codeclog.kafka.log import client_settings
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from codeclog.consumers.fold.machine import FoldConfig, Policy
 from codeclog.consumers.member.intake import IntakeConfig
-from codeclog.consumers.pipeline import PipelineConfig
-from codeclog.consumers.stream_limit import LimitOptions, StreamLimit
+from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
+from codeclog.consumers.stream.limit import LimitOptions, StreamLimit
+from codeclog.consumers.stream.pipeline import PipelineConfig
 
 DEFAULT_GROUP = "codeclog-vocoder"
 
@@ -24,7 +24,7 @@ class VocodeConfig:
     poll_timeout_s: float = 0.05
     # Open streams: at most limits.max_open_streams over the group, and a member's vocoder
     # states within its state budget, both as a count per input partition
-    # (consumers.stream_limit); beyond it the least recently active stream is evicted.
+    # (consumers.stream.limit); beyond it the least recently active stream is evicted.
     limits: LimitOptions = dataclasses.field(default_factory=LimitOptions)
     transaction_timeout_ms: int = 60_000
     max_poll_interval_ms: int = 300_000

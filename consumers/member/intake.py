@@ -25,16 +25,17 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from codeclog.consumers.kafka_calls import (
+from codeclog.consumers.member.metrics import VocoderMetrics
+from codeclog.consumers.member.refusals import Refusals
+from codeclog.consumers.stream.pipeline import StepOutput
+from codeclog.kafka.calls import (
     KAFKA_LOG,
     ClusterUnavailableError,
     InfrastructureError,
     one_line,
 )
-from codeclog.consumers.log_reader import input_record
-from codeclog.consumers.member.metrics import VocoderMetrics
-from codeclog.consumers.member.refusals import Refusals
-from codeclog.consumers.pipeline import InputRecord, StepOutput
+from codeclog.kafka.reader import input_record
+from codeclog.kafka.records import InputRecord
 
 
 class Hooks(Protocol):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from codeclog.consumers.pipeline import StepOutput
+from codeclog.consumers.stream.pipeline import StepOutput
 from codeclog.schemas.records import SAMPLE_RATE_HZ
 
 

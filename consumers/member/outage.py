@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from codeclog.consumers.kafka_calls import InfrastructureError, one_line
+from codeclog.kafka.calls import InfrastructureError, one_line
 
 
 class OutageClock:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import logging
 
-from codeclog.consumers.fold.machine import export_request
-from codeclog.consumers.log_reader import read_partitions
-from codeclog.consumers.pipeline import AudioPipeline, StepOutput
+from codeclog.consumers.stream.fold.machine import export_request
+from codeclog.consumers.stream.pipeline import AudioPipeline, StepOutput
+from codeclog.kafka.reader import read_partitions
 from codeclog.schemas import wire
 from codeclog.schemas.records import StreamCheckpoint
 

@@ -19,11 +19,12 @@ import time
 
 from confluent_kafka import TopicPartition
 
-from codeclog.consumers.fold.machine import FoldState, import_request
-from codeclog.consumers.log_reader import read_partition
 from codeclog.consumers.member.metrics import VocoderMetrics
 from codeclog.consumers.member.progress import read_checkpoints
-from codeclog.consumers.pipeline import AudioPipeline, InputRecord, check_checkpoint_fits
+from codeclog.consumers.stream.fold.machine import FoldState, import_request
+from codeclog.consumers.stream.pipeline import AudioPipeline, check_checkpoint_fits
+from codeclog.kafka.reader import read_partition
+from codeclog.kafka.records import InputRecord
 from codeclog.schemas.records import StreamCheckpoint
 
 log = logging.getLogger("codeclog.vocode")

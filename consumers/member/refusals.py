@@ -1,16 +1,16 @@
 """What an authorisation refusal means for this member, and that it ends the member.
 
 A refused login or ACL is a configuration error (exit 2, README "Security"): no retry helps,
-and the message names the principal, the operation and the resource (codeclog.kafka_access).
+and the message names the principal, the operation and the resource (codeclog.kafka.access).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from codeclog.consumers.kafka_calls import raise_if_denied
 from codeclog.errors import CodeclogError
-from codeclog.kafka_access import refusal
+from codeclog.kafka.access import refusal
+from codeclog.kafka.calls import raise_if_denied
 from codeclog.topics_config import TopicsConfig
 
 

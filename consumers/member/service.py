@@ -18,14 +18,6 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from codeclog.consumers.fold.report import strict_error_json
-from codeclog.consumers.kafka_calls import (
-    ClusterUnavailableError,
-    InfrastructureError,
-    StuckCallError,
-    bounded,
-    one_line,
-)
 from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.intake import Intake
 from codeclog.consumers.member.metrics import VocoderMetrics, observe_step
@@ -41,17 +33,25 @@ from codeclog.consumers.member.transaction import (
     Transactions,
 )
 from codeclog.consumers.member.writes import step_writes
-from codeclog.consumers.pipeline import (
+from codeclog.consumers.stream.fold.report import strict_error_json
+from codeclog.consumers.stream.limit import StreamLimit
+from codeclog.consumers.stream.pipeline import (
     DEAD_LETTER_RAW_LIMIT,
     AudioPipeline,
     EngineMismatchError,
-    InputRecord,
     StepOutput,
     VocoderEngine,
 )
-from codeclog.consumers.stream_limit import StreamLimit
 from codeclog.errors import EXIT_STRICT_FATAL, CodeclogError
-from codeclog.kafka_access import KafkaAccessError
+from codeclog.kafka.access import KafkaAccessError
+from codeclog.kafka.calls import (
+    ClusterUnavailableError,
+    InfrastructureError,
+    StuckCallError,
+    bounded,
+    one_line,
+)
+from codeclog.kafka.records import InputRecord
 from codeclog.topics_config import TopicsConfig
 
 log = logging.getLogger("codeclog.vocode")

@@ -2,7 +2,7 @@
 
 One metadata request first: an unreachable cluster is one error, not a minute of librdkafka
 retries. It also says how many partitions the chunk topic has (the open-stream limit is a count
-per partition, consumers/stream_limit.py) and how large a dead letter may be (the dead-letter
+per partition, consumers/stream/limit.py) and how large a dead letter may be (the dead-letter
 topic's max.message.bytes).
 """
 
@@ -17,14 +17,14 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from codeclog.consumers.kafka_calls import (
+from codeclog.consumers.stream.pipeline import DEAD_LETTER_HEADROOM_BYTES, DEAD_LETTER_RAW_LIMIT
+from codeclog.kafka.calls import (
     InfrastructureError,
     StuckCallError,
     bounded,
     one_line,
 )
-from codeclog.consumers.pipeline import DEAD_LETTER_HEADROOM_BYTES, DEAD_LETTER_RAW_LIMIT
-from codeclog.kafka_log import client_settings
+from codeclog.kafka.log import client_settings
 from codeclog.topics_config import TopicsConfig
 
 log = logging.getLogger("codeclog.vocode")

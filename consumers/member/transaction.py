@@ -29,8 +29,11 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from codeclog.consumers import kafka_calls
-from codeclog.consumers.kafka_calls import (
+from codeclog.consumers.member.metrics import VocoderMetrics
+from codeclog.consumers.member.writes import Write
+from codeclog.errors import CodeclogError
+from codeclog.kafka import calls as kafka_calls
+from codeclog.kafka.calls import (
     FENCED_CODES,
     INDEFINITE_CODES,
     RETRY_INIT_CODES,
@@ -41,10 +44,7 @@ from codeclog.consumers.kafka_calls import (
     one_line,
     raise_if_denied,
 )
-from codeclog.consumers.member.metrics import VocoderMetrics
-from codeclog.consumers.member.writes import Write
-from codeclog.errors import CodeclogError
-from codeclog.kafka_log import client_settings
+from codeclog.kafka.log import client_settings
 
 log = logging.getLogger("codeclog.vocode")
 

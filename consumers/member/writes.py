@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from codeclog.consumers.member.progress import progress_key
-from codeclog.consumers.pipeline import StepOutput
+from codeclog.consumers.stream.pipeline import StepOutput
 from codeclog.schemas import wire
 from codeclog.schemas.records import StreamCheckpoint
 from codeclog.topics_config import TopicsConfig

@@ -43,7 +43,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from codeclog.consumers.readers.audio_compare import Bound, compare_bound, pcm_digest
-from codeclog.kafka_log import client_settings
+from codeclog.kafka.log import client_settings
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
 

@@ -22,13 +22,13 @@ from typing import Any, cast
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from codeclog.consumers.fold.machine import FoldConfig, Policy
-from codeclog.consumers.kafka_calls import ClusterUnavailableError, one_line
-from codeclog.consumers.log_reader import read_partition
-from codeclog.consumers.pipeline import AudioPipeline, PipelineConfig, VocoderEngine
 from codeclog.consumers.readers.audio_compare import Bound, Comparison, compare_bound, pcm_digest
-from codeclog.consumers.stream_limit import LimitOptions, StreamLimit
-from codeclog.kafka_log import client_settings
+from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
+from codeclog.consumers.stream.limit import LimitOptions, StreamLimit
+from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig, VocoderEngine
+from codeclog.kafka.calls import ClusterUnavailableError, one_line
+from codeclog.kafka.log import client_settings
+from codeclog.kafka.reader import read_partition
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk, DeadLetter
 from codeclog.topics_config import TopicsConfig
@@ -110,7 +110,7 @@ def expected_audio(
     limits: LimitOptions | None = None,
 ) -> tuple[AudioPipeline, StreamLimit]:
     """Replay the whole chunk topic offline, partition by partition, evicting as the members
-    do under `limits` (consumers.stream_limit)."""
+    do under `limits` (consumers.stream.limit)."""
     partitions = partitions_of(client_config, topics.chunks)
     limit = (limits or LimitOptions()).resolve(max(1, len(partitions)), engine)
     fold = FoldConfig(policy=policy, max_open_streams=limit.per_partition)

@@ -2,7 +2,7 @@
 
 The replay report files outcomes per request; the timeline needs them per record, with the
 record's place in the input. This module runs the input through the same state-only pipeline a
-replay without vocoder runs (`consumers.pipeline.AudioPipeline`, configured by
+replay without vocoder runs (`consumers.stream.pipeline.AudioPipeline`, configured by
 `replay.runner`), one record per step, and notes what each record caused: the outcomes the fold
 returned for its event (a `ReportBuilder` that remembers the last event it was given) and the
 dead letters of records refused before the fold (undecodable, key mismatch, missing key). No
@@ -17,10 +17,11 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from codeclog.consumers.fold.machine import Event, Policy
-from codeclog.consumers.fold.outcomes import Outcome, OutcomeKind, Reject
-from codeclog.consumers.fold.report import ReportBuilder
-from codeclog.consumers.pipeline import AudioPipeline, InputRecord, Position
+from codeclog.consumers.stream.fold.machine import Event, Policy
+from codeclog.consumers.stream.fold.outcomes import Outcome, OutcomeKind, Reject
+from codeclog.consumers.stream.fold.report import ReportBuilder
+from codeclog.consumers.stream.pipeline import AudioPipeline
+from codeclog.kafka.records import InputRecord, Position
 from codeclog.replay.capture_format import CapturedRecord
 from codeclog.replay.inputs import InputKind, ReplayInput
 from codeclog.replay.runner import ReplayOptions, pipeline_config, stream_limit_of

@@ -19,7 +19,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from codeclog.broker import (
+from codeclog.cli import main
+from codeclog.devtools.broker import (
     BrokerSettings,
     BrokerStartError,
     BrokerStatusKind,
@@ -29,9 +30,8 @@ from codeclog.broker import (
     pick_free_port,
     port_is_free,
 )
-from codeclog.cli import main
-from codeclog.cluster import local_bootstrap
-from codeclog.kafka_jars import JarFetcher, JarFetchError, MavenNotFoundError
+from codeclog.devtools.cluster import local_bootstrap
+from codeclog.devtools.jars import JarFetcher, JarFetchError, MavenNotFoundError
 
 READ_TIMEOUT_S = 30.0
 END = b"end"  # the last record of every test topic, so readers know when they have it all
@@ -158,7 +158,7 @@ def test_a_port_lost_to_a_race_is_retried_with_new_ports(
         probes.append(candidate)
         return len(probes) <= 2 or port_is_free(candidate)
 
-    monkeypatch.setattr("codeclog.broker.port_is_free", probe_lies_once)
+    monkeypatch.setattr("codeclog.devtools.broker.port_is_free", probe_lies_once)
     broker = _own_broker(tmp_path / "kb")
     try:
         state = broker.start()

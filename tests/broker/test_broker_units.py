@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from codeclog.broker import (
+from codeclog.cli import main
+from codeclog.cli.commands.broker import format_status
+from codeclog.devtools.broker import (
     BrokerError,
     BrokerPorts,
     BrokerSettings,
@@ -28,10 +30,8 @@ from codeclog.broker import (
     render_server_properties,
     telling_line,
 )
-from codeclog.cli import main
-from codeclog.cluster import local_bootstrap
-from codeclog.commands.broker import format_status
-from codeclog.kafka_jars import (
+from codeclog.devtools.cluster import local_bootstrap
+from codeclog.devtools.jars import (
     KAFKA_VERSION,
     REQUIRED_JARS,
     JarCacheInvalidError,

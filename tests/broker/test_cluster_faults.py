@@ -28,11 +28,11 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from codeclog.broker import BrokerSettings
-from codeclog.cluster import LocalCluster, NodeStatusKind
+from codeclog.devtools.broker import BrokerSettings
+from codeclog.devtools.cluster import LocalCluster, NodeStatusKind
 from codeclog.devtools.talker import Speech, Voice
+from codeclog.kafka.topics import create_topics
 from codeclog.producers.publisher import PublisherConfig
-from codeclog.topics import create_topics
 from codeclog.topics_config import TopicsConfig
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.vocoder]

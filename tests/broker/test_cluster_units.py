@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.broker import BrokerPorts
 from codeclog.cli import main
-from codeclog.cluster import (
+from codeclog.devtools.broker import BrokerPorts
+from codeclog.devtools.cluster import (
     ClusterError,
     ClusterLayout,
     LocalCluster,

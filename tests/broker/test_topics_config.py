@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codeclog.cli import main
-from codeclog.config import read_properties
+from codeclog.cli.config import read_properties
 from codeclog.errors import ConfigError
-from codeclog.topics import (
+from codeclog.kafka.topics import (
     CleanupPolicy,
     TopicAction,
     TopicInfo,

@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 
 from codeclog.devtools import stack as devtools_stack
 from codeclog.devtools import talker
-from codeclog.topics import ensure_topics
+from codeclog.kafka.topics import ensure_topics
 from codeclog.topics_config import TopicsConfig
 
 

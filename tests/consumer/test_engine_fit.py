@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.fold.machine import FoldConfig
-from codeclog.consumers.pipeline import (
+from codeclog.consumers.stream.fold.machine import FoldConfig
+from codeclog.consumers.stream.limit import StateSizes
+from codeclog.consumers.stream.pipeline import (
     AudioPipeline,
     EngineFacts,
     EngineMismatchError,
@@ -16,7 +17,6 @@ from codeclog.consumers.pipeline import (
     check_checkpoint_fits,
     check_engine_fits,
 )
-from codeclog.consumers.stream_limit import StateSizes
 from codeclog.schemas.records import MAX_CODEC_ID
 
 

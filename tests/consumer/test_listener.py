@@ -272,7 +272,7 @@ def test_listen_refuses_until_final_without_a_request(capsys: Any) -> None:
 def test_the_wav_sink_places_windows_by_sample_offset(tmp_path: Any) -> None:
     import wave
 
-    from codeclog.commands.listen import Sink
+    from codeclog.cli.commands.listen import Sink
 
     a = Assembler()
     out = a.offer(chunk("r/1", 0), 1.0) + a.offer(chunk("r/1", 2, final=True), 1.0)

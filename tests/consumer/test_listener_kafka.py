@@ -17,10 +17,10 @@ import pytest
 from confluent_kafka import IsolationLevel, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from codeclog.consumers.fold.machine import Policy
 from codeclog.consumers.member.service import VocodeConfig, VocoderService
 from codeclog.consumers.readers.listener import AudioListener, Isolation, ListenerChunk
 from codeclog.consumers.readers.verify import actual_audio, expected_audio
+from codeclog.consumers.stream.fold.machine import Policy
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
 from tests.consumer.conftest import LiveTalker

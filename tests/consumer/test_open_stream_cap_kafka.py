@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.log_reader import read_partition
 from codeclog.consumers.readers.verify import verify
-from codeclog.consumers.stream_limit import LimitOptions
+from codeclog.consumers.stream.limit import LimitOptions
+from codeclog.kafka.reader import read_partition
+from codeclog.kafka.topics import ensure_topics
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk, DeadLetter
-from codeclog.topics import ensure_topics
 from tests.consumer.conftest import LiveTalker, fresh_topics, topics_file
 
 pytestmark = pytest.mark.kafka

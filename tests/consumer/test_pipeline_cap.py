@@ -1,7 +1,7 @@
 """The open-stream cap in the pipeline (rule C1a applied per input partition): what a step writes
 for an eviction (the dead letter naming the evicting record, the victim's closing checkpoint,
 the metric's cause), that it is a function of the input alone (any step boundaries, a restart
-from the checkpoints), and how the limit is derived (consumers.stream_limit)."""
+from the checkpoints), and how the limit is derived (consumers.stream.limit)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,18 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from codeclog.consumers.fold.machine import FoldConfig
 from codeclog.consumers.member.progress import CheckpointWriter
 from codeclog.consumers.member.recovery import restore_folds
-from codeclog.consumers.pipeline import (
-    AudioPipeline,
-    InputRecord,
-    PipelineConfig,
-    Position,
-    StepOutput,
-)
-from codeclog.consumers.stream_limit import (
+from codeclog.consumers.stream.fold.machine import FoldConfig
+from codeclog.consumers.stream.limit import (
     EVICTED_BY_BUDGET,
     EVICTED_BY_CAP,
     LimitOptions,
     stream_limit,
 )
+from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig, StepOutput
 from codeclog.errors import ConfigError
+from codeclog.kafka.records import InputRecord, Position
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk, DeadLetter, StreamCheckpoint
 

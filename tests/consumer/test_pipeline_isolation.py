@@ -1,4 +1,4 @@
-"""The shared driver (consumers.pipeline) on a deterministic stand-in engine.
+"""The shared driver (consumers.stream.pipeline) on a deterministic stand-in engine.
 
 These tests pin the pipeline's own logic (rounds, isolation, dead letters, rebuild); the real
 vocoder runs in tests/consumer/test_vocode_*.py.
@@ -12,14 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from codeclog.consumers.fold.machine import FoldConfig, Policy
-from codeclog.consumers.pipeline import (
-    AudioPipeline,
-    InputRecord,
-    PipelineConfig,
-    Position,
-    pcm_s16le,
-)
+from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
+from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig, pcm_s16le
+from codeclog.kafka.records import InputRecord, Position
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk
 
@@ -143,7 +138,7 @@ def test_a_dead_letter_keeps_a_bounded_prefix_of_a_huge_value() -> None:
     import hashlib
     import json
 
-    from codeclog.consumers.pipeline import DEAD_LETTER_PREFIX_BYTES, DEAD_LETTER_RAW_LIMIT
+    from codeclog.consumers.stream.pipeline import DEAD_LETTER_PREFIX_BYTES, DEAD_LETTER_RAW_LIMIT
 
     huge = wire.encode(_stream("a")[0]) + b"\x00" * DEAD_LETTER_RAW_LIMIT
     small = b"\x00garbage"
@@ -174,7 +169,7 @@ def test_rebuilt_streams_continue_byte_identically() -> None:
     scratch.step(records[:4], emit=False)
     resumed = _pipeline(ArithmeticEngine())
     for rid in ("a", "b"):
-        from codeclog.consumers.fold.machine import export_request, import_request
+        from codeclog.consumers.stream.fold.machine import export_request, import_request
 
         import_request(resumed.fold_state(0), rid, export_request(live.fold_state(0), rid) or {})
     resumed.adopt_streams(scratch, ["a", "b"], 0)

@@ -27,16 +27,15 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codeclog.consumers.fold.machine import FoldConfig, Policy, fold, new_state
-from codeclog.consumers.fold.outcomes import Decode, Reject, RejectReason
-from codeclog.consumers.pipeline import (
+from codeclog.consumers.stream.fold.machine import FoldConfig, Policy, fold, new_state
+from codeclog.consumers.stream.fold.outcomes import Decode, Reject, RejectReason
+from codeclog.consumers.stream.pipeline import (
     KEY_MISMATCH,
     MISSING_KEY,
     AudioPipeline,
-    InputRecord,
     PipelineConfig,
-    Position,
 )
+from codeclog.kafka.records import InputRecord, Position
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk, CodecChunk, ControlEvent, ControlKind, DeadLetter
 from codeclog.testing.upstream_streams import realistic_events

@@ -11,13 +11,8 @@ from hypothesis import strategies as st
 
 from codeclog.consumers.member.progress import CheckpointWriter
 from codeclog.consumers.member.recovery import restore_folds
-from codeclog.consumers.pipeline import (
-    AudioPipeline,
-    InputRecord,
-    PipelineConfig,
-    Position,
-    StepOutput,
-)
+from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig, StepOutput
+from codeclog.kafka.records import InputRecord, Position
 from codeclog.schemas.records import StreamCheckpoint
 from tests.consumer.test_pipeline_cap import record
 

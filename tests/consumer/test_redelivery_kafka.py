@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.log_reader import read_partitions
 from codeclog.consumers.member.service import VocodeConfig, VocoderService
-from codeclog.consumers.pipeline import InputRecord
+from codeclog.kafka.reader import read_partitions
+from codeclog.kafka.records import InputRecord
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk
 

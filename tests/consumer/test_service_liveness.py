@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from codeclog.commands import vocode as vocode_command
-from codeclog.consumers import kafka_calls
-from codeclog.consumers.kafka_calls import InfrastructureError, StuckCallError, bounded
-from codeclog.consumers.log_reader import input_record
+from codeclog.cli.commands import vocode as vocode_command
 from codeclog.consumers.member import transaction as transaction_module
 from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.outage import OutageClock
 from codeclog.consumers.member.service import VocoderService
 from codeclog.consumers.member.transaction import Transactions
-from codeclog.consumers.pipeline import StepOutput
-from codeclog.kafka_access import KafkaAccessError
+from codeclog.consumers.stream.pipeline import StepOutput
+from codeclog.kafka import calls as kafka_calls
+from codeclog.kafka.access import KafkaAccessError
+from codeclog.kafka.calls import InfrastructureError, StuckCallError, bounded
+from codeclog.kafka.reader import input_record
 from codeclog.topics_config import TopicsConfig
 
 
@@ -191,7 +191,7 @@ def test_a_stream_rebuilt_in_another_domain_is_logged_and_counted(
 def test_an_authorization_failure_ends_the_member(code: int) -> None:
     service = _service()
     denied = KafkaException(KafkaError(code, "denied", txn_requires_abort=True))
-    # a refused ACL is a configuration error: one line, exit 2 (codeclog.kafka_access)
+    # a refused ACL is a configuration error: one line, exit 2 (codeclog.kafka.access)
     with pytest.raises(KafkaAccessError, match="is not authorised to"):
         _transactions(service).handle_error(denied)
     with pytest.raises(KafkaAccessError):

@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError, KafkaException
 from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.service import VocoderService
 from codeclog.consumers.member.transaction import Transactions
-from codeclog.consumers.pipeline import StepOutput
+from codeclog.consumers.stream.pipeline import StepOutput
 from codeclog.topics_config import TopicsConfig
 
 

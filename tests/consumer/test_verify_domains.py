@@ -17,12 +17,12 @@ import pytest
 from confluent_kafka import Producer
 
 from codeclog.cli import main
-from codeclog.consumers.log_reader import read_partition
 from codeclog.consumers.member.service import VocodeConfig, VocoderService
 from codeclog.consumers.readers.verify import verify
+from codeclog.kafka.reader import read_partition
+from codeclog.kafka.topics import ensure_topics
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
-from codeclog.topics import ensure_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
 FOREIGN = "native:torch2.15:cpu:GenuineIntel:AVX512:t1"  # a CPU this test does not run on

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.broker import BrokerSettings, LocalBroker
 from codeclog.consumers.readers.verify import verify
-from codeclog.topics import ensure_topics
+from codeclog.devtools.broker import BrokerSettings, LocalBroker
+from codeclog.kafka.topics import ensure_topics
 from codeclog.topics_config import TopicsConfig
 from tests.consumer.conftest import LiveTalker, Stack
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from codeclog.consumers.log_reader import read_partition
 from codeclog.consumers.member.service import VocodeConfig, VocoderService
-from codeclog.consumers.pipeline import DEAD_LETTER_PREFIX_BYTES, MISSING_KEY
 from codeclog.consumers.readers.verify import actual_audio, verify
+from codeclog.consumers.stream.pipeline import DEAD_LETTER_PREFIX_BYTES, MISSING_KEY
+from codeclog.kafka.reader import read_partition
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk, DeadLetter, StreamCheckpoint
 
@@ -127,7 +127,7 @@ def test_two_groups_on_the_same_topics_each_produce_all_their_audio(
 ) -> None:
     """Before the fix the second group restored the first group's checkpoints: 0 windows and
     a DLQ full of stale_cache_epoch for valid records."""
-    from codeclog.topics import ensure_topics
+    from codeclog.kafka.topics import ensure_topics
 
     stack.publish_sessions(sessions=3, seconds=4, seed=25)
     first = _run(stack, tiny_engine)

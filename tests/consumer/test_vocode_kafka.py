@@ -19,11 +19,12 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from codeclog.cli import main
-from codeclog.consumers.fold.machine import Policy
-from codeclog.consumers.log_reader import read_partition
 from codeclog.consumers.member.service import StrictFatalError, VocodeConfig, VocoderService
-from codeclog.consumers.pipeline import AudioPipeline, InputRecord, PipelineConfig, Position
 from codeclog.consumers.readers.verify import actual_audio, verify
+from codeclog.consumers.stream.fold.machine import Policy
+from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig
+from codeclog.kafka.reader import read_partition
+from codeclog.kafka.records import InputRecord, Position
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk, CodecChunk, DeadLetter
 from tests.consumer.conftest import LiveTalker
@@ -274,7 +275,7 @@ REBUILT = re.compile(r"partition (\d+): restored \d+ requests, rebuilt (\d+) ope
 def _open_streams_written_by(stack: Any, producer_id: str) -> dict[int, set[str]]:
     """Partition -> requests whose newest checkpoint on the progress topic is open and was
     written by `producer_id` (the member that holds them now)."""
-    from codeclog.consumers.log_reader import read_partitions
+    from codeclog.kafka.reader import read_partitions
 
     newest: dict[tuple[int, str], Any] = {}
     parts = list(range(stack.topics.partitions))

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codeclog.consumers.fold.machine import (
+from codeclog.consumers.stream.fold.machine import (
     FoldConfig,
     FoldConfigError,
     FoldState,
@@ -23,7 +23,7 @@ from codeclog.consumers.fold.machine import (
     new_state,
     open_requests,
 )
-from codeclog.consumers.fold.outcomes import Outcome, Reject, RejectReason, Release
+from codeclog.consumers.stream.fold.outcomes import Outcome, Reject, RejectReason, Release
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 WORDS = (10, 11, 12, 13, 14)  # five frames: decoded alone (A4)

@@ -1,4 +1,4 @@
-"""The memory bounds stated in consumers/fold/machine.py hold (measured with tracemalloc).
+"""The memory bounds stated in consumers/stream/fold/machine.py hold (measured with tracemalloc).
 
 Each bound is the documented figure plus 25 % headroom for allocator and interpreter variation;
 the point is to catch a change that makes per-request state grow, not to pin bytes.
@@ -10,7 +10,7 @@ import tracemalloc
 
 import pytest
 
-from codeclog.consumers.fold.machine import FoldConfig, Policy, fold, new_state
+from codeclog.consumers.stream.fold.machine import FoldConfig, Policy, fold, new_state
 from codeclog.schemas.records import CodecChunk
 
 REQUESTS = 300

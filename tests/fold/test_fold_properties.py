@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codeclog.consumers.fold.machine import (
+from codeclog.consumers.stream.fold.machine import (
     FoldConfig,
     Policy,
     export_request,
@@ -24,8 +24,8 @@ from codeclog.consumers.fold.machine import (
     new_state,
     open_requests,
 )
-from codeclog.consumers.fold.outcomes import Decode, Outcome
-from codeclog.consumers.fold.report import ReportBuilder
+from codeclog.consumers.stream.fold.outcomes import Decode, Outcome
+from codeclog.consumers.stream.fold.report import ReportBuilder
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 from codeclog.testing.upstream_streams import StreamShape, encode_stream, interleave
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.fold.machine import (
+from codeclog.consumers.stream.fold.machine import (
     FoldConfig,
     Policy,
     evict,
@@ -19,7 +19,7 @@ from codeclog.consumers.fold.machine import (
     new_state,
     open_requests,
 )
-from codeclog.consumers.fold.outcomes import Echo, Outcome
+from codeclog.consumers.stream.fold.outcomes import Echo, Outcome
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 S, T = Policy.STRICT, Policy.TOLERANT

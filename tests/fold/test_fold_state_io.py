@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.fold.machine import (
+from codeclog.consumers.stream.fold.machine import (
     FoldConfig,
     FoldConfigError,
     FoldStateError,
@@ -19,7 +19,13 @@ from codeclog.consumers.fold.machine import (
     new_state,
     open_requests,
 )
-from codeclog.consumers.fold.outcomes import Decode, Echo, OutcomeKind, RejectReason, new_decode
+from codeclog.consumers.stream.fold.outcomes import (
+    Decode,
+    Echo,
+    OutcomeKind,
+    RejectReason,
+    new_decode,
+)
 from codeclog.errors import CodeclogError
 from codeclog.schemas.records import CodecChunk
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.commands import lag as lag_command
+from codeclog.cli.commands import lag as lag_command
 from codeclog.errors import EXIT_USAGE
 
 

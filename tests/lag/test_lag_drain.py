@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from codeclog import cli
+import codeclog.cli as cli
 from codeclog.lag.drain import undrained, wait_drained
 from codeclog.lag.evaluator import GroupStatus, PartitionStatus, Rule
 from codeclog.lag.report import GroupReport, PartitionReport

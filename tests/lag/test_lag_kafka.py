@@ -25,14 +25,14 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from codeclog import cli
+import codeclog.cli as cli
+from codeclog.kafka.topics import create_topics
 from codeclog.lag.evaluator import EvaluatorConfig, GroupRule, GroupStatus, PartitionStatus, Rule
 from codeclog.lag.exporter import LagCollector, sample_all, serve
 from codeclog.lag.measure import LagMeasurer
 from codeclog.lag.monitor import LagMonitor
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk
-from codeclog.topics import create_topics
 from codeclog.topics_config import TopicsConfig
 
 pytestmark = pytest.mark.kafka

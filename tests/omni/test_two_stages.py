@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from codeclog.broker import BrokerSettings, LocalBroker
 from codeclog.cli import main
-from codeclog.consumers.fold.machine import FoldConfig, Policy
-from codeclog.consumers.fold.report import build_report
+from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
+from codeclog.consumers.stream.fold.report import build_report
+from codeclog.devtools.broker import BrokerSettings, LocalBroker
 from codeclog.replay.capture_format import read_capture
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from codeclog.broker import BrokerSettings, LocalBroker
+from codeclog.devtools.broker import BrokerSettings, LocalBroker
 from codeclog.producers.publisher import (
     ChunkPublisher,
     DeliveryFailure,

@@ -47,7 +47,7 @@ def test_undelivered_counts_every_record_that_failed(
     `failed` (it used to say 0 next to "failed": 21, counting only what the final flush left)."""
     from confluent_kafka import KafkaError
 
-    from codeclog.commands import talk
+    from codeclog.cli.commands import talk
     from codeclog.producers.publisher import ChunkPublisher
     from tests.producers.test_publisher_fake_producer import FakeProducer
 

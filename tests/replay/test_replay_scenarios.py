@@ -92,8 +92,8 @@ def test_summary_table_lists_every_request_with_its_status(run_cli: RunCli) -> N
 
 
 def test_upstream_error_text_matches_the_fold_strict_error_json() -> None:
-    from codeclog.consumers.fold.outcomes import Reject, RejectReason
-    from codeclog.consumers.fold.report import strict_error_json
+    from codeclog.consumers.stream.fold.outcomes import Reject, RejectReason
+    from codeclog.consumers.stream.fold.report import strict_error_json
 
     reject = Reject(
         request_id="b",

@@ -4,7 +4,7 @@ ACLs on it.
 - `secure_broker` (session): a LocalBroker started with SASL_SSL + SCRAM-SHA-512 + the
   StandardAuthorizer in a fresh temp data dir; its role properties files.
 - `secure_stack` (function): fresh topics and a fresh group on it, created by the super user,
-  with `codeclog.acls.role_acls` applied for them; helpers to run CLI commands as a role.
+  with `codeclog.kafka.acls.role_acls` applied for them; helpers to run CLI commands as a role.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.acls import apply_acls, role_acls
-from codeclog.broker import BrokerSettings, BrokerState, LocalBroker
-from codeclog.config import read_properties
-from codeclog.kafka_jars import JarFetcher
-from codeclog.topics import ensure_topics
+from codeclog.cli.config import read_properties
+from codeclog.devtools.broker import BrokerSettings, BrokerState, LocalBroker
+from codeclog.devtools.jars import JarFetcher
+from codeclog.kafka.acls import apply_acls, role_acls
+from codeclog.kafka.topics import ensure_topics
 from tests.consumer.conftest import Stack, fresh_topics, tiny_engine, topics_file
 
 __all__ = ["tiny_engine"]  # the session vocoder fixture, shared with tests/consumer

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.broker import BrokerSettings
-from codeclog.cluster import LocalCluster
-from codeclog.config import read_properties
-from codeclog.kafka_jars import JarFetcher
+from codeclog.cli.config import read_properties
+from codeclog.devtools.broker import BrokerSettings
+from codeclog.devtools.cluster import LocalCluster
+from codeclog.devtools.jars import JarFetcher
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.vocoder]
 

@@ -23,9 +23,9 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from codeclog.config import read_properties
+from codeclog.cli.config import read_properties
 from codeclog.consumers.readers.verify import verify
-from codeclog.security import keytool_for
+from codeclog.devtools.security import keytool_for
 from tests.security.conftest import SecureStack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -7,11 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.acls import Pattern, Resource, role_acls
-from codeclog.broker import BrokerPorts, parse_listener_ports, render_server_properties
-from codeclog.errors import exit_code
-from codeclog.kafka_access import _refusal, principal_of, refusal
-from codeclog.security import (
+from codeclog.devtools.broker import BrokerPorts, parse_listener_ports, render_server_properties
+from codeclog.devtools.security import (
     Credentials,
     UnknownSecurityError,
     check_mode,
@@ -19,6 +16,9 @@ from codeclog.security import (
     security_files,
     server_security_properties,
 )
+from codeclog.errors import exit_code
+from codeclog.kafka.access import _refusal, principal_of, refusal
+from codeclog.kafka.acls import Pattern, Resource, role_acls
 from codeclog.topics_config import TopicsConfig
 
 
@@ -118,8 +118,8 @@ def test_an_authorisation_refusal_names_principal_operation_and_resource() -> No
 def test_a_secured_cluster_node_keeps_its_quorum_and_shares_one_set_of_material(
     tmp_path: Path,
 ) -> None:
-    from codeclog.broker import BrokerSettings
-    from codeclog.cluster import ClusterLayout, ClusterNode, render_cluster_properties
+    from codeclog.devtools.broker import BrokerSettings
+    from codeclog.devtools.cluster import ClusterLayout, ClusterNode, render_cluster_properties
 
     ports = (BrokerPorts(1001, 2001), BrokerPorts(1002, 2002), BrokerPorts(1003, 2003))
     layout = ClusterLayout("abc", ports)
@@ -142,7 +142,7 @@ def test_a_secured_cluster_node_keeps_its_quorum_and_shares_one_set_of_material(
 
 
 def test_a_refusal_of_a_resource_the_reader_does_not_use_is_told_apart() -> None:
-    from codeclog.kafka_access import refusal_of_unused
+    from codeclog.kafka.access import refusal_of_unused
 
     group = FakeError("GROUP_AUTHORIZATION_FAILED")
     topic = FakeError("TOPIC_AUTHORIZATION_FAILED")

@@ -195,7 +195,7 @@ def test_ragged_batching_and_cpu_float16_are_refused() -> None:
 def test_verify_replays_causal_audio_with_the_causal_hift() -> None:
     """verify's engine follows the audio's own variant (its domains); native kernels only
     when every window is in this machine's native domain with that variant."""
-    from codeclog.commands.verify import _engine_factory
+    from codeclog.cli.commands.verify import _engine_factory
     from codeclog.vocoder.domain import hift_variant_reproducing, kernels_reproducing
     from codeclog.vocoder.domain import planned_domain as planned
     from codeclog.vocoder.kernels import Kernels

@@ -1,0 +1,76 @@
+"""The `codeclog` command: one entry point, one module per subcommand.
+
+Each module listed in COMMANDS exposes `register(subparsers)`, which adds its parser and sets
+`func` (a callable taking the parsed namespace and returning an exit code). Modules are imported
+when the CLI starts, so they must not import torch at module level: `codeclog --help` has to work
+on a box without the vocoder extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from codeclog.errors import EXIT_INTERRUPTED, EXIT_USAGE, CodeclogError, exit_code
+from codeclog.version import __version__
+
+COMMANDS: tuple[str, ...] = (
+    "codeclog.cli.commands.broker",
+    "codeclog.cli.commands.topics",
+    "codeclog.cli.commands.acls",
+    "codeclog.cli.commands.talk",
+    "codeclog.cli.commands.vocode",
+    "codeclog.cli.commands.verify",
+    "codeclog.cli.commands.listen",
+    "codeclog.cli.commands.capture",
+    "codeclog.cli.commands.replay",
+    "codeclog.cli.commands.diff",
+    "codeclog.cli.commands.report",
+    "codeclog.cli.commands.lag",
+    "codeclog.cli.commands.demo",
+)
+
+DESCRIPTION = """\
+codeclog moves MiniCPM-o 4.5 talker codec chunks to the Token2wav (Code2Wav) vocoder over a
+Kafka log: typed Avro records, a pure per-request fold, batched GPU decode with exactly-once
+audio output, deterministic offline replay and lag alerting.
+
+Typical session:
+  codeclog broker start              # a real single-node Kafka on 127.0.0.1
+  codeclog topics create             # codec.chunks, codec.audio, codec.dlq, ...
+  codeclog talk --sessions 4 --seconds 20 --realtime
+  codeclog vocode --vocoder tiny     # the Code2Wav consumer
+  codeclog lag --watch               # consumer lag in records, seconds and audio seconds
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="codeclog",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"codeclog {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMANDS:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(func(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except CodeclogError as exc:  # one rule for every command (README, "Exit codes")
+        print(f"codeclog {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return exit_code(exc)

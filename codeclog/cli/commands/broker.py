@@ -1,0 +1,337 @@
+"""`codeclog broker start|stop|status|fetch|kill|pause|resume|restart`: the local Kafka broker
+(one node by default) or a local cluster of N nodes (`start --nodes 3`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from codeclog.devtools.broker import BrokerSettings, BrokerStatus, BrokerStatusKind, LocalBroker
+from codeclog.devtools.cluster import (
+    NODE_HEAP_MAX_MB,
+    NODE_HEAP_MIN_MB,
+    NODE_RSS_NOTE,
+    ClusterError,
+    LocalCluster,
+    NodeStatus,
+    NodeStatusKind,
+)
+from codeclog.devtools.jars import ENV_KAFKA_LIBS, KAFKA_VERSION, JarFetcher
+from codeclog.devtools.security import SECURITY_CHOICES, SUPER_USER
+from codeclog.errors import (
+    EXIT_BROKER_STOPPED,
+    EXIT_FAILURE,
+    CodeclogError,
+    ConfigError,
+    exit_code,
+)
+from codeclog.paths import ENV_DATA_DIR, default_data_dir
+
+DESCRIPTION = f"""\
+Run a real single-node Apache Kafka {KAFKA_VERSION} broker (KRaft, broker and controller in one
+JVM) on 127.0.0.1, from Maven Central jars: no Docker, no tarball. Needs Java 17+, and Maven
+once to fetch the jars (about 45 MB, cached).
+
+Each data dir holds one broker: its config, its Kafka data, broker.log and broker.json (pid,
+ports, bootstrap). Several brokers with different data dirs can run at once. Other codeclog
+commands find the broker of --data-dir (or ${ENV_DATA_DIR}) by themselves.
+
+`start --nodes 3` runs a local cluster instead: three KRaft nodes (broker and controller each,
+a controller quorum of three) in node-1/, node-2/, node-3/ under --data-dir, with replication
+factor 3 and min.insync.replicas 2 for the internal and default topics, unclean leader election
+off. Memory: each node's JVM heap is {NODE_HEAP_MIN_MB}..{NODE_HEAP_MAX_MB} MiB ({NODE_RSS_NOTE}),
+so three nodes fit a 2-core, 24 GB machine; a single broker's heap is 256..1024 MiB.
+stop and status act on the whole cluster; kill, pause, resume and restart take --node N
+(SIGKILL, SIGSTOP, SIGCONT of that node's JVM; restart = stop if running, then start).
+"""
+
+EPILOG = f"""\
+examples:
+  codeclog broker start                      # prints the bootstrap address, e.g. 127.0.0.1:40123
+  export CODECLOG_BOOTSTRAP=$(codeclog broker start)
+  codeclog broker status                     # running/stopped, pid, bootstrap, data dir, log
+  codeclog broker stop                       # SIGTERM, SIGKILL after 30 s; the data is kept
+  codeclog broker start --data-dir /tmp/kb2  # a second, independent broker
+  codeclog broker start --nodes 3 --data-dir /tmp/c3   # a 3-node cluster; prints 3 addresses
+  codeclog broker kill --node 2 --data-dir /tmp/c3     # SIGKILL node 2 (a fault drill)
+  codeclog broker restart --node 2 --data-dir /tmp/c3  # back, same ports and data
+  codeclog broker pause --node 1 --data-dir /tmp/c3    # SIGSTOP; `resume --node 1` to SIGCONT
+
+environment:
+  {ENV_DATA_DIR}    default data dir (else {default_data_dir()})
+  {ENV_KAFKA_LIBS}  jar cache dir (else under the user cache dir)
+  CODECLOG_JAVA / JAVA_HOME   which java to run (else `java` on PATH)
+
+status exit codes: 0 running, 3 stopped, 1 crashed (its state file names a dead pid).
+For a cluster: 0 every node running, 3 every node stopped, 1 otherwise (a node crashed,
+was killed, is paused or stopped).
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "broker",
+        help="start, stop or inspect the local Kafka broker",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest="broker_action", metavar="ACTION", required=True)
+    for name, summary, func in _ACTIONS:
+        action = actions.add_parser(name, help=summary, description=summary)
+        if name != "fetch":
+            _add_data_dir(action)
+        if name == "start":
+            _add_start_options(action)
+        if name in _NODE_ACTIONS:
+            action.add_argument(
+                "--node", type=int, required=True, metavar="N", help="the node id (1..nodes)"
+            )
+        action.set_defaults(func=_guarded(func))
+
+
+def _add_data_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help=f"the broker's data dir (default: ${ENV_DATA_DIR}, else {default_data_dir()})",
+    )
+
+
+def _add_start_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="start a local cluster of N nodes (2..9; 3 is the tested shape) instead of one "
+        "broker (default: one broker, or the cluster the data dir already holds); each node "
+        f"takes a {NODE_HEAP_MIN_MB}..{NODE_HEAP_MAX_MB} MiB heap ({NODE_RSS_NOTE})",
+    )
+    parser.add_argument(
+        "--heap-max-mb",
+        type=int,
+        default=None,
+        help=f"JVM max heap in MiB (default 1024 for one broker, {NODE_HEAP_MAX_MB} per node "
+        "of a cluster)",
+    )
+    parser.add_argument(
+        "--security",
+        choices=SECURITY_CHOICES,
+        default=None,
+        help="scram: SASL_SSL with SCRAM-SHA-512 only (a local CA and broker certificate, the "
+        "StandardAuthorizer denying what no ACL allows, the super user admin and the users "
+        "talker, vocoder, monitor, replay; one --kafka-config file per user under "
+        "<data-dir>/security/); none: PLAINTEXT (default: what the data dir holds, none for a "
+        "new one). Chosen at the first start, for one broker or a whole --nodes cluster (one CA, "
+        "one broker key and one set of users for every node; role files name every node)",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=60.0,
+        help="give up if the broker is not serving requests after this long (default 60)",
+    )
+
+
+def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Errors a user can cause become one sentence on stderr: exit 2 for a usage or
+    configuration error, else 1."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except (CodeclogError, ConfigError) as exc:
+            print(f"codeclog broker {args.broker_action}: {exc}", file=sys.stderr)
+            return exit_code(exc)
+
+    return run
+
+
+def _progress(message: str) -> None:
+    print(f"codeclog: {message}", file=sys.stderr, flush=True)
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    return Path(args.data_dir or default_data_dir())
+
+
+def _broker(args: argparse.Namespace) -> LocalBroker:
+    heap_max_mb = getattr(args, "heap_max_mb", None) or 1024
+    settings = BrokerSettings(
+        heap_min_mb=min(256, heap_max_mb),
+        heap_max_mb=heap_max_mb,
+        start_timeout_s=getattr(args, "timeout_s", 60.0),
+        security=getattr(args, "security", None),
+    )
+    return LocalBroker(_data_dir(args), settings)
+
+
+def _cluster(args: argparse.Namespace) -> LocalCluster:
+    heap_max_mb = getattr(args, "heap_max_mb", None) or NODE_HEAP_MAX_MB
+    settings = BrokerSettings(
+        heap_min_mb=min(NODE_HEAP_MIN_MB, heap_max_mb),
+        heap_max_mb=heap_max_mb,
+        start_timeout_s=getattr(args, "timeout_s", 60.0) * 2,  # three JVMs share the cores
+        security=getattr(args, "security", None),
+    )
+    return LocalCluster(_data_dir(args), getattr(args, "nodes", None), settings)
+
+
+def _is_cluster(args: argparse.Namespace) -> bool:
+    nodes = getattr(args, "nodes", None)
+    return (nodes is not None and nodes != 1) or LocalCluster.holds_cluster(_data_dir(args))
+
+
+def _start(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    if _is_cluster(args):
+        cluster = _cluster(args)
+        layout = cluster.start(_progress)
+        _progress(
+            f"{layout.nodes}-node cluster ready in {time.monotonic() - started:.1f} s; logs: "
+            f"{_data_dir(args)}/node-N/broker.log"
+        )
+        _print_role_configs({user: str(path) for user, path in cluster.role_configs().items()})
+        print(layout.bootstrap)
+        return 0
+    state = _broker(args).start(_progress)
+    _progress(f"broker ready in {time.monotonic() - started:.1f} s; log: {state.log_path}")
+    _print_role_configs(state.role_configs or {})
+    print(state.bootstrap)
+    return 0
+
+
+def _print_role_configs(role_configs: dict[str, str]) -> None:
+    if not role_configs:
+        return
+    _progress("SASL_SSL + SCRAM-SHA-512; pass one of these as --kafka-config:")
+    for user, path in role_configs.items():
+        _progress(f"  {user:<8} {path}")
+    _progress(
+        "then grant the roles: codeclog topics create --acls --kafka-config "
+        f"{role_configs[SUPER_USER]}"
+    )
+
+
+def _stop(args: argparse.Namespace) -> int:
+    if LocalCluster.holds_cluster(_data_dir(args)):
+        results = _cluster(args).stop(_progress)
+        stopped = [n for n, r in results.items() if r.was_running]
+        forced = [n for n, r in results.items() if r.forced]
+        if not stopped:
+            _progress("no node of the cluster was running")
+        else:
+            elapsed = max(r.elapsed_s for r in results.values())
+            _progress(f"nodes {', '.join(map(str, stopped))} stopped in {elapsed:.1f} s")
+        if forced:
+            _progress(f"nodes {', '.join(map(str, forced))} ignored SIGTERM and were killed")
+        return 0
+    result = _broker(args).stop(_progress)
+    if not result.was_running:
+        _progress("no broker was running for that data dir")
+    elif result.forced:
+        _progress(f"the broker ignored SIGTERM; killed it after {result.elapsed_s:.1f} s")
+    else:
+        _progress(f"broker stopped in {result.elapsed_s:.1f} s; its data is kept")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    if LocalCluster.holds_cluster(_data_dir(args)):
+        cluster = _cluster(args)
+        statuses = cluster.status()
+        layout = cluster.layout()
+        print(
+            format_cluster_status(statuses, layout.cluster_id, layout.bootstrap, cluster.data_dir)
+        )
+        kinds = {s.kind for s in statuses}
+        if kinds == {NodeStatusKind.RUNNING}:
+            return 0
+        return EXIT_BROKER_STOPPED if kinds == {NodeStatusKind.STOPPED} else EXIT_FAILURE
+    status = _broker(args).status()
+    print(format_status(status))
+    codes = {BrokerStatusKind.RUNNING: 0, BrokerStatusKind.STOPPED: 3, BrokerStatusKind.CRASHED: 1}
+    return codes[status.kind]
+
+
+def format_status(status: BrokerStatus) -> str:
+    state = status.state
+    rows = [("status", status.kind.value)]
+    if state is not None:
+        rows += [("pid", str(state.pid)), ("bootstrap", state.bootstrap)]
+        rows += [("cluster id", state.cluster_id), ("started at", state.started_at)]
+    rows += [("data dir", str(status.data_dir)), ("log", str(status.log_path))]
+    return "\n".join(f"{key + ':':<12}{value}" for key, value in rows)
+
+
+def format_cluster_status(
+    statuses: tuple[NodeStatus, ...], cluster_id: str, bootstrap: str, data_dir: Path
+) -> str:
+    rows = [("NODE", "STATUS", "PID", "BROKER", "CONTROLLER", "LOG")]
+    for s in statuses:
+        pid = (
+            str(s.broker.state.pid)
+            if s.broker.state and s.kind is not NodeStatusKind.STOPPED
+            else "-"
+        )
+        rows.append(
+            (
+                str(s.node_id),
+                s.kind.value,
+                pid,
+                str(s.ports.broker_port),
+                str(s.ports.controller_port),
+                str(s.broker.log_path),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = [
+        f"{'cluster id:':<12}{cluster_id}",
+        f"{'bootstrap:':<12}{bootstrap}",
+        f"{'data dir:':<12}{data_dir}",
+    ]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)))
+        lines[-1] += "  " + row[5]
+    return "\n".join(lines)
+
+
+def _node_action(args: argparse.Namespace) -> int:
+    action = args.broker_action
+    if not LocalCluster.holds_cluster(_data_dir(args)):
+        raise ClusterError(
+            f"{_data_dir(args)} holds no local cluster (`codeclog broker start --nodes 3`); "
+            f"`{action} --node` acts on one node of a cluster"
+        )
+    cluster = _cluster(args)
+    if action == "restart":
+        started = time.monotonic()
+        state = cluster.restart(args.node, _progress)
+        _progress(f"node {args.node} ready in {time.monotonic() - started:.1f} s")
+        print(state.bootstrap)
+        return 0
+    getattr(cluster, action)(args.node, _progress)
+    return 0
+
+
+def _fetch(_args: argparse.Namespace) -> int:
+    print(JarFetcher().ensure(_progress))
+    return 0
+
+
+_ACTIONS: tuple[tuple[str, str, Callable[[argparse.Namespace], int]], ...] = (
+    ("start", "start the broker (fetch jars, format the dir first if needed)", _start),
+    ("stop", "stop the broker: SIGTERM, then SIGKILL after 30 s; data is kept", _stop),
+    ("status", "print running/stopped, pid, bootstrap, data dir and log path", _status),
+    ("fetch", "fetch (or verify) the broker's jars and print their dir", _fetch),
+    ("kill", "SIGKILL one node's JVM of a local cluster (a fault drill)", _node_action),
+    ("pause", "SIGSTOP one node's JVM of a local cluster (it answers nothing)", _node_action),
+    ("resume", "SIGCONT a paused node of a local cluster", _node_action),
+    ("restart", "stop one node of a local cluster if it runs, then start it again", _node_action),
+)
+_NODE_ACTIONS = ("kill", "pause", "resume", "restart")

@@ -1,0 +1,80 @@
+"""`codeclog demo`: the whole mission on one machine, end to end (the README's main command)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from codeclog.errors import CodeclogError, exit_code
+
+EPILOG = """\
+What it does: starts a real Kafka broker from the cached Maven jars (fetching them the first
+time), creates the topics, runs N synthetic duplex sessions in real time through the talker,
+runs `codeclog vocode` as a separate process (tiny vocoder on CPU by default; the checkpoint in
+$CODECLOG_TOKEN2WAV_DIR when set; the GPU when torch sees one), samples consumer lag every
+second, then drains, stops everything cleanly and verifies exactly-once, byte-identical audio.
+
+Outputs (in --out): wav/<request>.wav, summary.json, latency_lag.png, vocode.log.
+Exit code 0 when every chunk was delivered, the consumer exited cleanly and verify passed.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="run the end-to-end demo on a local broker",
+        description="The end-to-end demo: broker, topics, live talker sessions, the Code2Wav "
+        "consumer, the lag monitor, WAVs, a summary table and a plot.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--sessions", type=int, default=6, help="concurrent sessions (default 6)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="session length (default 20)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=Path("demo-out"), help="output dir")
+    parser.add_argument("--bootstrap", help="use this cluster instead of a fresh local broker")
+    parser.add_argument(
+        "--vocoder", help="'tiny' or a checkpoint dir (default: tiny, or $CODECLOG_TOKEN2WAV_DIR)"
+    )
+    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--no-verify", action="store_true", help="skip the exactly-once check")
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="run the same demo on a fresh secured local broker (SASL_SSL + SCRAM-SHA-512, "
+        "ACLs): the talker, vocoder, lag monitor and readers each use their own role",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from codeclog.cli.demo import DemoOptions, run_demo
+
+    if args.secure and args.bootstrap:
+        print("codeclog demo: --secure starts its own broker; drop --bootstrap", file=sys.stderr)
+        return 2
+    if args.sessions < 1 or args.seconds <= 0 or args.partitions < 1:
+        print(
+            "codeclog demo: --sessions, --seconds and --partitions must be positive",
+            file=sys.stderr,
+        )
+        return 2
+    options = DemoOptions(
+        sessions=args.sessions,
+        seconds=args.seconds,
+        seed=args.seed,
+        out_dir=args.out,
+        bootstrap=args.bootstrap,
+        vocoder=args.vocoder,
+        device=args.device,
+        verify=not args.no_verify,
+        partitions=args.partitions,
+        secure=args.secure,
+    )
+    try:
+        return run_demo(options)
+    except CodeclogError as exc:
+        print(f"codeclog demo: {exc}", file=sys.stderr)
+        return exit_code(exc)  # 2 for the user's to fix (README, "Exit codes")

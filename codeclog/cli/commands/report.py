@@ -1,0 +1,94 @@
+"""`codeclog report`: a captured failure as one self-contained HTML page."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DESCRIPTION = """\
+Replay INPUT (a capture file or a JSONL scenario, as `codeclog replay` takes) and write one
+self-contained HTML file that any current browser opens offline (its script, styles, charts and
+data are inlined):
+
+  summary      requests by final status, rejections and dead letters by reason, the strict
+               policy's fatal rejection with the exact upstream error JSON and the requests it
+               would have killed, the capture's provenance (topic, partitions, offsets, cluster
+               id, codeclog version)
+  timeline     one mark per input record, one row per request, coloured by what the fold did
+               (decoded, held, marker, duplicate, gap, rejected, abandoned, ...), epochs as
+               bands, the strict policy's fatal point marked; zoom, hover for the record
+  outcomes     every non-clean outcome with the position of its record, sortable, filterable
+  audio        with --vocoder: each request's audio under the tolerant policy, player and
+               waveform, and the strict policy's audio up to its fatal point where it differs
+
+With INPUT2, both inputs are shown and the first divergence per request (what `codeclog diff`
+finds: record by record for two captures, by replay report otherwise) is highlighted.
+"""
+
+EPILOG = """\
+examples:
+  codeclog report failure.ocf --out failure.html
+  codeclog report failure.ocf --vocoder tiny --out failure.html      # with the audio
+  codeclog report before.ocf after.ocf --out diff.html               # two inputs
+
+exit status: 0 written; 2 an input that cannot be read, is not a capture or a scenario or holds
+no record, or an --out that cannot be written; 1 any other failure.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="a capture or scenario as one self-contained HTML incident report",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("input", metavar="INPUT", help="capture file (.ocf) or JSONL scenario")
+    parser.add_argument(
+        "input2", metavar="INPUT2", nargs="?", help="a second input to compare with INPUT"
+    )
+    parser.add_argument(
+        "--out", required=True, type=Path, metavar="FILE", help="the HTML file to write"
+    )
+    parser.add_argument(
+        "--policy",
+        choices=("strict", "tolerant"),
+        default="tolerant",
+        help="the policy of the timeline, the outcome table and the statuses (default "
+        "tolerant); the strict policy's fatal rejection is shown either way",
+    )
+    parser.add_argument(
+        "--vocoder",
+        default="none",
+        metavar="none|tiny|DIR",
+        help="also decode audio: 'tiny' (the test fixture) or a checkpoint dir (default none)",
+    )
+    parser.add_argument(
+        "--kernels",
+        choices=("portable", "native"),
+        default="portable",
+        help="with --vocoder: portable (default, the same bytes on every x86-64 CPU) or native",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here: `codeclog --help` should not pay for Jinja2 and the replay machinery.
+    from codeclog.consumers.stream.fold.machine import Policy
+    from codeclog.replay.report.model import ReportOptions
+    from codeclog.replay.report.writer import write_report
+
+    inputs = [args.input] if args.input2 is None else [args.input, args.input2]
+    options = ReportOptions(Policy(args.policy), args.vocoder, args.kernels)
+    written = write_report(inputs, args.out, options)
+    verdict = f"; {written.fatal}" if written.fatal else ""
+    print(
+        f"wrote {written.path} ({written.size_bytes / 1e6:.2f} MB): "
+        f"{_count(written.records, 'record')}, {_count(written.requests, 'request')}{verdict}"
+    )
+    return 0
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"

@@ -1,0 +1,571 @@
+"""A real local Kafka cluster: N KRaft nodes (broker+controller each) on 127.0.0.1, one JVM each.
+
+Layout of a cluster data dir:
+  cluster.json      node count, cluster id and every node's two ports (fixed: they are the
+                    static controller quorum, `controller.quorum.voters`)
+  node-1/ node-2/ … one LocalBroker-style data dir per node (server.properties, kafka/,
+                    broker.log, broker.json)
+  .cluster.lock     serialises start, stop and the fault actions
+
+Every node is a controller voter, so three nodes tolerate one node down (quorum 2 of 3). The
+internal topics and the topic defaults use replication factor min(N, 3) and min.insync.replicas
+2 (1 below three nodes); unclean leader election is off. All nodes are spawned before any is
+awaited: a single node cannot become ready without a controller quorum.
+
+Secured (`BrokerSettings.security="scram"`): every node serves as the secured single broker
+does (codeclog.devtools.security), from one set of material in `<data-dir>/security/` (one
+CA, one broker key whose SAN 127.0.0.1 fits every node, one set of SCRAM users formatted into
+every node); the role files name every node.
+
+`kill`, `pause` and `resume` send SIGKILL, SIGSTOP and SIGCONT to one node's JVM (fault drills);
+`restart` stops it (SIGTERM) if it runs and starts it again with the same ports and data.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import enum
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from codeclog.devtools import security
+from codeclog.devtools.broker import (
+    HOST,
+    KILL_WAIT_S,
+    POLL_INTERVAL_S,
+    BrokerError,
+    BrokerPorts,
+    BrokerSettings,
+    BrokerState,
+    BrokerStatus,
+    BrokerStatusKind,
+    LocalBroker,
+    StopResult,
+    file_lock,
+    new_cluster_id,
+    node_settings,
+    pick_free_port,
+    pid_runs_broker,
+    plaintext_listeners,
+    port_is_free,
+    resolve_java,
+)
+from codeclog.errors import UsageError
+from codeclog.kafka.topics import replication_for
+from codeclog.user_files import make_folder
+
+CLUSTER_FILE = "cluster.json"
+CLUSTER_LOCK = ".cluster.lock"
+NODE_DIR_PREFIX = "node-"
+MAX_NODES = 9
+# Per node: the heap bound and what one node measured on this project's 2-core, 24 GB box.
+NODE_HEAP_MIN_MB = 128
+NODE_HEAP_MAX_MB = 512
+NODE_RSS_NOTE = "about 180 MB resident per node after start, at most about 0.7 GB, 2 GB for three"
+# Internal topics: few partitions keep a 2-core box responsive; more than one so that the
+# group and transaction coordinators of different ids can sit on different nodes.
+INTERNAL_PARTITIONS = 3
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_message: str) -> None:
+    return None
+
+
+class ClusterError(BrokerError):
+    """The local cluster could not be started, stopped, inspected or faulted."""
+
+
+class ClusterSizeError(ClusterError, UsageError):
+    """--nodes out of range: a bad option (exit 2)."""
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterLayout:
+    """What cluster.json holds: fixed for the life of the data dir."""
+
+    cluster_id: str
+    ports: tuple[BrokerPorts, ...]  # ports[i] belongs to node i + 1
+
+    @property
+    def nodes(self) -> int:
+        return len(self.ports)
+
+    @property
+    def node_ids(self) -> range:
+        return range(1, self.nodes + 1)
+
+    def node_ports(self, node_id: int) -> BrokerPorts:
+        return self.ports[node_id - 1]
+
+    @property
+    def voters(self) -> str:
+        return ",".join(
+            f"{node}@{HOST}:{self.node_ports(node).controller_port}" for node in self.node_ids
+        )
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"{HOST}:{ports.broker_port}" for ports in self.ports)
+
+    def to_json(self) -> str:
+        raw = {
+            "cluster_id": self.cluster_id,
+            "nodes": [
+                {
+                    "node_id": node,
+                    "broker_port": p.broker_port,
+                    "controller_port": p.controller_port,
+                }
+                for node, p in zip(self.node_ids, self.ports, strict=True)
+            ],
+        }
+        return json.dumps(raw, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterLayout:
+        raw: Any = json.loads(text)
+        nodes = sorted(raw["nodes"], key=lambda node: int(node["node_id"]))
+        if [int(node["node_id"]) for node in nodes] != list(range(1, len(nodes) + 1)):
+            raise ValueError("node ids must be 1..N")
+        ports = tuple(
+            BrokerPorts(int(node["broker_port"]), int(node["controller_port"])) for node in nodes
+        )
+        return cls(str(raw["cluster_id"]), ports)
+
+    @classmethod
+    def fresh(
+        cls, nodes: int, cluster_id: str, pick: Callable[[], int] = pick_free_port
+    ) -> ClusterLayout:
+        taken: set[int] = set()
+        ports = []
+        for _ in range(nodes):
+            pair: list[int] = []
+            while len(pair) < 2:
+                port = pick()
+                if port not in taken:
+                    taken.add(port)
+                    pair.append(port)
+            ports.append(BrokerPorts(pair[0], pair[1]))
+        return cls(cluster_id, tuple(ports))
+
+
+def render_cluster_properties(
+    layout: ClusterLayout, node_id: int, log_dirs: Path, secured: dict[str, str] | None = None
+) -> str:
+    """server.properties for node `node_id` of the cluster (static controller quorum).
+    `secured` (codeclog.devtools.security.server_security_properties) replaces the listeners."""
+    ports = layout.node_ports(node_id)
+    replication, min_isr = replication_for(layout.nodes)
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": str(node_id),
+        # Static voters, formatted without --standalone: every node knows the whole quorum,
+        # so the ports must never change (they live in cluster.json).
+        "controller.quorum.voters": layout.voters,
+        **plaintext_listeners(ports),
+        "log.dirs": str(log_dirs),
+        **node_settings(replication, min_isr, INTERNAL_PARTITIONS),
+        "unclean.leader.election.enable": "false",
+        "num.replica.fetchers": "1",
+        **(secured or {}),
+    }
+    lines = ["# written by codeclog at every start of this node; edits are overwritten"]
+    lines += [f"{key}={value}" for key, value in props.items()]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- one node
+
+
+class ClusterNode(LocalBroker):
+    """A LocalBroker whose id, ports, properties and cluster id come from the cluster layout."""
+
+    port_attempts = 1  # the ports are the quorum's: never re-picked
+
+    def __init__(
+        self, data_dir: Path, settings: BrokerSettings, node_id: int, layout: ClusterLayout
+    ) -> None:
+        super().__init__(data_dir, settings)
+        self.node_id = node_id
+        self.layout = layout
+
+    @property
+    def ports(self) -> BrokerPorts:
+        return self.layout.node_ports(self.node_id)
+
+    def _node_ports(self, previous: BrokerPorts | None) -> BrokerPorts:
+        for port in (self.ports.broker_port, self.ports.controller_port):
+            if not port_is_free(port):
+                raise ClusterError(
+                    f"port {port} of node {self.node_id} is taken by another process; the "
+                    f"cluster's ports are fixed (its controller quorum): free it, or delete "
+                    f"{self.data_dir.parent} and start a new cluster"
+                )
+        return self.ports
+
+    def _node_properties(self, ports: BrokerPorts) -> str:
+        secured = self._secured_properties(ports)
+        return render_cluster_properties(self.layout, self.node_id, self.log_dirs, secured)
+
+    @property
+    def security_files(self) -> security.SecurityFiles:
+        # One set for the whole cluster, in its root: one CA, one broker key (its SAN is
+        # 127.0.0.1, every node's address; the controllers' mutual TLS admits every node by
+        # it) and one set of SCRAM users, formatted into every node's bootstrap metadata.
+        return security.security_files(self.data_dir.parent)
+
+    def _security_state(self, bootstrap: str) -> dict[str, Any]:
+        # the role files name every node, whichever node (re)started last
+        return super()._security_state(self.layout.bootstrap)
+
+    def prepare_security(self, java: str, progress: Progress) -> None:
+        self._prepare_security(java, progress)
+
+    def _node_format_args(self) -> list[str]:
+        return []  # static controller.quorum.voters: no --standalone
+
+    def _node_cluster_id(self) -> str:
+        return self.layout.cluster_id
+
+    # phased start: spawn every node first, then wait for each ---------------------------
+    def prepare(self, java: str, libs_dir: Path, progress: Progress) -> None:
+        """Check the ports, write server.properties, format the log dir once."""
+        self.configure()
+        self._make_data_dir()
+        ports = self._node_ports(None)
+        self.properties_path.write_text(self._node_properties(ports))
+        self._format_if_needed(java, libs_dir, progress)
+
+    def spawn(self, java: str, libs_dir: Path, progress: Progress) -> subprocess.Popen[bytes]:
+        # From the caller's thread: with die_with_parent the kernel signals the JVM when the
+        # *thread* that forked it ends, so never spawn from a short-lived worker thread.
+        process = self._spawn(java, libs_dir)
+        progress(f"node {self.node_id}: JVM started (pid {process.pid})")
+        return process
+
+    def await_started(self, process: subprocess.Popen[bytes]) -> BrokerState:
+        return self._await_started(process, self.ports, self.layout.cluster_id)
+
+    def running_pid(self) -> int | None:
+        state = self._running_state()
+        return state.pid if state is not None else None
+
+
+class NodeStatusKind(enum.Enum):
+    RUNNING = "running"
+    PAUSED = "paused"  # SIGSTOPped: alive but answers nothing
+    STOPPED = "stopped"
+    CRASHED = "crashed"  # killed (or died) without `stop`
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeStatus:
+    node_id: int
+    kind: NodeStatusKind
+    ports: BrokerPorts
+    broker: BrokerStatus
+
+
+def process_is_stopped(pid: int) -> bool:
+    """True when the process is in the stopped state (SIGSTOP), from /proc/<pid>/stat."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # "pid (comm) S ...": the comm may hold spaces or parentheses; the state follows the last ')'
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] in ("T", "t")
+
+
+# ----------------------------------------------------------------------------- the cluster
+
+
+class LocalCluster:
+    """N nodes under one data dir. Lifecycle: start, stop, status; kill/pause/resume/restart."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        nodes: int | None = None,
+        settings: BrokerSettings | None = None,
+        *,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        self.data_dir = Path(data_dir).absolute()
+        self.requested_nodes = nodes
+        self.settings = (
+            settings
+            if settings is not None
+            else BrokerSettings(heap_min_mb=NODE_HEAP_MIN_MB, heap_max_mb=NODE_HEAP_MAX_MB)
+        )
+        self._random_bytes = random_bytes
+        self._nodes: dict[int, ClusterNode] = {}
+        if nodes is not None and not 2 <= nodes <= MAX_NODES:
+            raise ClusterSizeError(f"a local cluster has 2..{MAX_NODES} nodes, not {nodes}")
+
+    @staticmethod
+    def holds_cluster(data_dir: Path) -> bool:
+        return (Path(data_dir) / CLUSTER_FILE).is_file()
+
+    @property
+    def layout_path(self) -> Path:
+        return self.data_dir / CLUSTER_FILE
+
+    def layout(self) -> ClusterLayout:
+        try:
+            return ClusterLayout.from_json(self.layout_path.read_text())
+        except OSError as exc:
+            raise ClusterError(f"no local cluster in {self.data_dir} ({exc.strerror})") from exc
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ClusterError(f"{self.layout_path} is not a codeclog cluster file: {exc}") from exc
+
+    def node(self, node_id: int) -> ClusterNode:
+        layout = self.layout()
+        if node_id not in layout.node_ids:
+            raise ClusterError(f"the cluster has nodes 1..{layout.nodes}, not node {node_id}")
+        if node_id not in self._nodes:
+            node_dir = self.data_dir / f"{NODE_DIR_PREFIX}{node_id}"
+            self._nodes[node_id] = ClusterNode(node_dir, self.settings, node_id, layout)
+        return self._nodes[node_id]
+
+    @property
+    def bootstrap(self) -> str:
+        return self.layout().bootstrap
+
+    # lifecycle --------------------------------------------------------------------------
+    def start(self, progress: Progress = _quiet) -> ClusterLayout:
+        """Start every node that is not running (creating the cluster if needed); idempotent."""
+        self.settings.validate()
+        self._make_dir()
+        with self._locked():
+            layout = self._load_or_create(progress)
+            pending = [self.node(n) for n in layout.node_ids if self.node(n).running_pid() is None]
+            if not pending:
+                progress(f"all {layout.nodes} nodes already run")
+                return layout
+            java = resolve_java(self.settings.java)
+            for (
+                node
+            ) in pending:  # one after another: the first makes the material, the rest read it
+                node.prepare_security(java, progress)
+            libs_dir = self.settings.fetcher.ensure(progress)
+            # Formatting is a JVM each: run them side by side, before any broker competes.
+            with concurrent.futures.ThreadPoolExecutor(len(pending)) as pool:
+                for done in [pool.submit(n.prepare, java, libs_dir, progress) for n in pending]:
+                    done.result()
+            spawned: list[tuple[ClusterNode, subprocess.Popen[bytes]]] = []
+            try:
+                for node in pending:
+                    spawned.append((node, node.spawn(java, libs_dir, progress)))
+                progress("waiting until every node serves requests (a quorum must form first)")
+                for node, process in spawned:
+                    node.await_started(process)
+                    progress(f"node {node.node_id}: ready on {HOST}:{node.ports.broker_port}")
+            except BaseException:
+                for _node, process in spawned:
+                    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                        process.kill()
+                        process.wait(timeout=KILL_WAIT_S)
+                raise
+            return layout
+
+    def role_configs(self) -> dict[str, Path]:
+        """user -> its librdkafka properties file, for a secured cluster (empty otherwise)."""
+        files = security.security_files(self.data_dir)
+        if not files.complete():
+            return {}
+        users = security.read_credentials(files).users
+        return {
+            user: files.role_properties(user)
+            for user in users
+            if files.role_properties(user).exists()
+        }
+
+    def stop(self, progress: Progress = _quiet) -> dict[int, StopResult]:
+        """SIGTERM every node at once (so the quorum lives while they shut down), SIGKILL
+        whichever is still there after stop_timeout_s. The data is kept."""
+        if not self.layout_path.is_file():
+            return {}
+        with self._locked():
+            layout = self.layout()
+            started = time.monotonic()
+            pids: dict[int, int] = {}
+            for node_id in layout.node_ids:
+                pid = self.node(node_id).running_pid()
+                if pid is not None:
+                    pids[node_id] = pid
+                    _signal(pid, signal.SIGCONT)  # a paused JVM cannot act on SIGTERM
+                    _signal(pid, signal.SIGTERM)
+            if pids:
+                progress(f"stopping nodes {', '.join(map(str, pids))} (SIGTERM)")
+            deadline = started + self.settings.stop_timeout_s
+            results: dict[int, StopResult] = {}
+            for node_id in layout.node_ids:
+                node = self.node(node_id)
+                pid = pids.get(node_id)
+                if pid is None:
+                    node._clear_state()
+                    results[node_id] = StopResult(False, False, 0.0, None)
+                    continue
+                exited = _wait_gone(pid, node.properties_path, deadline)
+                if not exited:
+                    progress(f"node {node_id} ignored SIGTERM; killing it")
+                    _signal(pid, signal.SIGKILL)
+                    _wait_gone(pid, node.properties_path, time.monotonic() + KILL_WAIT_S)
+                node._clear_state()
+                results[node_id] = StopResult(True, not exited, time.monotonic() - started, None)
+            return results
+
+    def status(self) -> tuple[NodeStatus, ...]:
+        layout = self.layout()
+        out = []
+        for node_id in layout.node_ids:
+            broker_status = self.node(node_id).status()
+            kind = NodeStatusKind(broker_status.kind.value)
+            state = broker_status.state
+            if kind is NodeStatusKind.RUNNING and state and process_is_stopped(state.pid):
+                kind = NodeStatusKind.PAUSED
+            out.append(NodeStatus(node_id, kind, layout.node_ports(node_id), broker_status))
+        return tuple(out)
+
+    # faults -------------------------------------------------------------------------------
+    def kill(self, node_id: int, progress: Progress = _quiet) -> int:
+        """SIGKILL the node's JVM (no shutdown at all); returns its pid. Its state file stays,
+        so `status` says crashed until `restart`."""
+        node, pid = self._running_node(node_id, "kill")
+        with self._locked():
+            _signal(pid, signal.SIGCONT)
+            _signal(pid, signal.SIGKILL)
+            if not _wait_gone(pid, node.properties_path, time.monotonic() + KILL_WAIT_S):
+                raise ClusterError(f"node {node_id} (pid {pid}) survived SIGKILL")
+        progress(f"node {node_id} killed (SIGKILL to pid {pid})")
+        return pid
+
+    def pause(self, node_id: int, progress: Progress = _quiet) -> int:
+        """SIGSTOP the node's JVM: it holds its sockets but answers nothing, like a long GC."""
+        _node, pid = self._running_node(node_id, "pause")
+        _signal(pid, signal.SIGSTOP)
+        progress(f"node {node_id} paused (SIGSTOP to pid {pid}); `resume --node {node_id}`")
+        return pid
+
+    def resume(self, node_id: int, progress: Progress = _quiet) -> int:
+        _node, pid = self._running_node(node_id, "resume")
+        _signal(pid, signal.SIGCONT)
+        progress(f"node {node_id} resumed (SIGCONT to pid {pid})")
+        return pid
+
+    def restart(self, node_id: int, progress: Progress = _quiet) -> BrokerState:
+        """Stop the node if it runs (SIGTERM), then start it with the same ports and data."""
+        node = self.node(node_id)
+        with self._locked():
+            pid = node.running_pid()
+            if pid is not None:
+                _signal(pid, signal.SIGCONT)
+                progress(f"node {node_id}: stopping (pid {pid})")
+                node.stop()
+            progress(f"node {node_id}: starting")
+            return node.start(progress)
+
+    def pid_of(self, node_id: int) -> int | None:
+        return self.node(node_id).running_pid()
+
+    # internals ----------------------------------------------------------------------------
+    def _running_node(self, node_id: int, action: str) -> tuple[ClusterNode, int]:
+        node = self.node(node_id)
+        pid = node.running_pid()
+        if pid is None:
+            raise ClusterError(f"cannot {action} node {node_id}: it is not running")
+        return node, pid
+
+    def _load_or_create(self, progress: Progress) -> ClusterLayout:
+        if self.layout_path.is_file():
+            layout = self.layout()
+            if self.requested_nodes is not None and self.requested_nodes != layout.nodes:
+                raise ClusterError(
+                    f"{self.data_dir} holds a {layout.nodes}-node cluster, not "
+                    f"{self.requested_nodes}; use another --data-dir for another size"
+                )
+            return layout
+        if (self.data_dir / "kafka").exists() or (self.data_dir / "broker.json").exists():
+            raise ClusterError(
+                f"{self.data_dir} holds a single-node broker; use another --data-dir for a cluster"
+            )
+        nodes = self.requested_nodes or 3
+        layout = ClusterLayout.fresh(nodes, new_cluster_id(self._random_bytes))
+        progress(f"new {nodes}-node cluster {layout.cluster_id} in {self.data_dir}")
+        temp = self.layout_path.with_name(CLUSTER_FILE + ".tmp")
+        temp.write_text(layout.to_json())
+        temp.replace(self.layout_path)
+        self._nodes.clear()
+        return layout
+
+    def _make_dir(self) -> None:
+        make_folder(self.data_dir, "the data dir")
+
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.data_dir / CLUSTER_LOCK)
+
+
+def cluster_bootstrap(data_dir: Path) -> str | None:
+    """The running nodes' bootstrap list of the cluster in `data_dir`, or None if none runs."""
+    cluster = LocalCluster(data_dir)
+    try:
+        statuses = cluster.status()
+    except ClusterError:
+        return None
+    running = [
+        f"{HOST}:{s.ports.broker_port}"
+        for s in statuses
+        if s.kind in (NodeStatusKind.RUNNING, NodeStatusKind.PAUSED)
+    ]
+    return ",".join(running) or None
+
+
+def _signal(pid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def _wait_gone(pid: int, properties_path: Path, deadline: float) -> bool:
+    while pid_runs_broker(pid, properties_path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_INTERVAL_S)
+    return True
+
+
+__all__ = [
+    "BrokerStatusKind",
+    "ClusterError",
+    "ClusterLayout",
+    "ClusterNode",
+    "LocalCluster",
+    "NodeStatus",
+    "NodeStatusKind",
+    "cluster_bootstrap",
+    "render_cluster_properties",
+    "replication_for",
+]
+
+
+def local_bootstrap(data_dir: Path) -> str | None:
+    """The bootstrap address of the broker running for `data_dir`, or None if none runs.
+    For a local cluster's data dir: the comma-separated addresses of its running nodes."""
+    if LocalCluster.holds_cluster(data_dir):
+        return cluster_bootstrap(data_dir)
+    status = LocalBroker(data_dir).status()
+    if status.kind is BrokerStatusKind.RUNNING and status.state is not None:
+        return status.state.bootstrap
+    return None
