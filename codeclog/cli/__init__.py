@@ -1,9 +1,10 @@
 """The `codeclog` command: one entry point, one module per subcommand.
 
 Each module listed in COMMANDS exposes `register(subparsers)`, which adds its parser and sets
-`func` (a callable taking the parsed namespace and returning an exit code). Modules are imported
-when the CLI starts, so they must not import torch at module level: `codeclog --help` has to work
-on a box without the vocoder extra.
+`func` (a callable taking the parsed namespace and returning an exit code). A command with
+actions (`topics create`) stores the action in `<command>_action`, so that an error names it.
+Modules are imported when the CLI starts, so they must not import torch at module level:
+`codeclog --help` has to work on a box without the vocoder extra.
 """
 
 from __future__ import annotations
@@ -72,5 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except CodeclogError as exc:  # one rule for every command (README, "Exit codes")
-        print(f"codeclog {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"{command_name(args)}: {' '.join(str(exc).split())}", file=sys.stderr)
         return exit_code(exc)
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """`codeclog topics create`: the command and, for one with actions, the action."""
+    action = getattr(args, f"{args.command}_action", None)
+    return f"codeclog {args.command}" + (f" {action}" if action else "")

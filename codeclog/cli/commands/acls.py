@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 
-from codeclog.cli.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
-from codeclog.errors import CodeclogError, exit_code
+from codeclog.cli.config import add_kafka_args, kafka_client_config, topics_config
+from codeclog.cli.parsing import Subparsers, add_command
 from codeclog.kafka.acls import (
     DEFAULT_GROUP,
     DEFAULT_REPLAY_PREFIX,
@@ -42,35 +41,19 @@ examples:
 """
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "acls",
-        help="apply least-privilege ACLs for the codeclog roles",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def register(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers, "acls", "apply least-privilege ACLs for the codeclog roles", DESCRIPTION, EPILOG
     )
     actions = parser.add_subparsers(dest="acls_action", metavar="ACTION", required=True)
-    apply = actions.add_parser(
-        "apply",
-        help="create the ACLs",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    apply = add_command(actions, "apply", "create the ACLs", DESCRIPTION, EPILOG)
     add_kafka_args(apply)
     add_acl_args(apply)
-    apply.set_defaults(func=_guarded(_apply))
-    show = actions.add_parser(
-        "show",
-        help="print the ACL table only",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    apply.set_defaults(func=apply_from_args)
+    show = add_command(actions, "show", "print the ACL table only", DESCRIPTION, EPILOG)
     show.add_argument("--topics-config", metavar="FILE", help="JSON topic names (see topics)")
     add_acl_args(show)
-    show.set_defaults(func=_guarded(_show))
+    show.set_defaults(func=_show)
 
 
 def add_acl_args(parser: argparse.ArgumentParser) -> None:
@@ -106,23 +89,6 @@ def apply_from_args(args: argparse.Namespace) -> int:
     print(acl_table(specs))
     print(f"{count} ACLs in place", file=sys.stderr)
     return 0
-
-
-def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return func(args)
-        except (CodeclogError, ConfigError) as exc:
-            print(
-                f"codeclog acls {args.acls_action}: {' '.join(str(exc).split())}", file=sys.stderr
-            )
-            return exit_code(exc)
-
-    return run
-
-
-def _apply(args: argparse.Namespace) -> int:
-    return apply_from_args(args)
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
-from codeclog.cli.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
-from codeclog.errors import CodeclogError, exit_code
+from codeclog.cli.config import add_kafka_args, kafka_client_config, topics_config
+from codeclog.cli.parsing import Subparsers, add_command
 from codeclog.user_files import check_creatable
 
 DESCRIPTION = """\
@@ -39,13 +38,13 @@ examples:
 """
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+def register(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
         "capture",
-        help="capture a topic's records into a replayable file",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "capture a topic's records into a replayable file",
+        DESCRIPTION,
+        EPILOG,
     )
     parser.add_argument("--topic", help="topic to capture (default: the codec chunks topic)")
     parser.add_argument("--out", required=True, metavar="FILE", help="capture file to write")
@@ -90,29 +89,25 @@ def run(args: argparse.Namespace) -> int:
     )
     from codeclog.replay.progress import StderrProgress
 
-    try:
-        check_creatable(args.out, "--out file")  # before the cluster: a mistake is told at once
-        topic = args.topic or topics_config(args).chunks
-        spec = CaptureSpec(
-            topic=topic,
-            partitions=tuple(args.partition) if args.partition else None,
-            start=parse_bound(args.start) if args.start else None,
-            until=parse_bound(args.until) if args.until else None,
-            requests=tuple(args.request),
-            group_id=throwaway_group_id() if args.group_less else DEFAULT_GROUP_ID,
-            idle_timeout_s=args.idle_timeout,
-        )
-        summary = run_capture(
-            kafka_client_config(args),
-            spec,
-            args.out,
-            clock_ms=lambda: time.time_ns() // 1_000_000,
-            monotonic=time.monotonic,
-            progress=StderrProgress(time.monotonic, "capture", "offsets", "records written"),
-        )
-    except (CodeclogError, ConfigError) as exc:
-        print(f"codeclog capture: {exc}", file=sys.stderr)
-        return exit_code(exc)
+    check_creatable(args.out, "--out file")  # before the cluster: a mistake is told at once
+    topic = args.topic or topics_config(args).chunks
+    spec = CaptureSpec(
+        topic=topic,
+        partitions=tuple(args.partition) if args.partition else None,
+        start=parse_bound(args.start) if args.start else None,
+        until=parse_bound(args.until) if args.until else None,
+        requests=tuple(args.request),
+        group_id=throwaway_group_id() if args.group_less else DEFAULT_GROUP_ID,
+        idle_timeout_s=args.idle_timeout,
+    )
+    summary = run_capture(
+        kafka_client_config(args),
+        spec,
+        args.out,
+        clock_ms=lambda: time.time_ns() // 1_000_000,
+        monotonic=time.monotonic,
+        progress=StderrProgress(time.monotonic, "capture", "offsets", "records written"),
+    )
     print(
         f"captured {summary.records_written} of {summary.records_read} records from {topic} "
         f"(offsets per partition {spans_json(summary.spans)}) into {args.out}"

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from codeclog.errors import CodeclogError, exit_code
+from codeclog.cli.parsing import Subparsers, add_command
 
 EPILOG = """\
 What it does: starts a real Kafka broker from the cached Maven jars (fetching them the first
@@ -20,14 +20,14 @@ Exit code 0 when every chunk was delivered, the consumer exited cleanly and veri
 """
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+def register(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
         "demo",
-        help="run the end-to-end demo on a local broker",
-        description="The end-to-end demo: broker, topics, live talker sessions, the Code2Wav "
+        "run the end-to-end demo on a local broker",
+        "The end-to-end demo: broker, topics, live talker sessions, the Code2Wav "
         "consumer, the lag monitor, WAVs, a summary table and a plot.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        EPILOG,
     )
     parser.add_argument("--sessions", type=int, default=6, help="concurrent sessions (default 6)")
     parser.add_argument("--seconds", type=float, default=20.0, help="session length (default 20)")
@@ -73,8 +73,4 @@ def run(args: argparse.Namespace) -> int:
         partitions=args.partitions,
         secure=args.secure,
     )
-    try:
-        return run_demo(options)
-    except CodeclogError as exc:
-        print(f"codeclog demo: {exc}", file=sys.stderr)
-        return exit_code(exc)  # 2 for the user's to fix (README, "Exit codes")
+    return run_demo(options)  # a CodeclogError: one line, exit 2 for the user's to fix (cli)

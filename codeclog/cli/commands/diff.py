@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from codeclog.cli.parsing import Subparsers, add_command
 from codeclog.errors import EXIT_DIFFERENT, EXIT_OK, CodeclogError
 
 DESCRIPTION = """\
@@ -32,13 +33,13 @@ exit status: 0 identical, 1 different, 2 on an error (unreadable or mismatched i
 """
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+def register(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
         "diff",
-        help="first divergence per request between two captures or two reports",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "first divergence per request between two captures or two reports",
+        DESCRIPTION,
+        EPILOG,
     )
     parser.add_argument("a", metavar="A", help="capture file or --json report")
     parser.add_argument("b", metavar="B", help="capture file or --json report (same kind as A)")

@@ -17,6 +17,7 @@ from codeclog.cli.config import (
     port_problem,
     topics_config,
 )
+from codeclog.cli.parsing import Subparsers, add_command
 from codeclog.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CodeclogError, exit_code
 from codeclog.lag.evaluator import EvaluatorConfig, GroupStatus, LagConfigError
 
@@ -95,18 +96,18 @@ examples:
 """
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subparsers) -> None:
     _register_lag(subparsers)
     _register_exporter(subparsers)
 
 
-def _register_lag(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+def _register_lag(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
         "lag",
-        help="consumer lag in records, seconds and audio seconds, with Burrow-style status",
-        description=LAG_DESCRIPTION,
-        epilog=LAG_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "consumer lag in records, seconds and audio seconds, with Burrow-style status",
+        LAG_DESCRIPTION,
+        LAG_EPILOG,
     )
     parser.add_argument(
         "--group", default=DEFAULT_GROUP, help=f"consumer group (default {DEFAULT_GROUP})"
@@ -125,13 +126,13 @@ def _register_lag(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.set_defaults(func=_guarded("lag", _run_lag))
 
 
-def _register_exporter(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+def _register_exporter(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
         "lag-exporter",
-        help="serve consumer-lag metrics for Prometheus",
-        description=EXPORTER_DESCRIPTION,
-        epilog=EXPORTER_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "serve consumer-lag metrics for Prometheus",
+        EXPORTER_DESCRIPTION,
+        EXPORTER_EPILOG,
     )
     parser.add_argument("--port", type=int, default=9310, help="HTTP port (default 9310; 0: any)")
     parser.add_argument("--address", default="0.0.0.0", help="bind address (default 0.0.0.0)")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from codeclog.cli.config import add_kafka_args, kafka_client_config, topics_config
+from codeclog.cli.parsing import Subparsers, add_command
 from codeclog.user_files import make_folder
 
 EPILOG = """\
@@ -41,14 +42,14 @@ Examples:
 """
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+def register(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
         "listen",
-        help="follow the audio topic: each request's audio in order, exactly once",
-        description="A listener client of the audio topic: assembles each request's PCM in "
+        "follow the audio topic: each request's audio in order, exactly once",
+        "A listener client of the audio topic: assembles each request's PCM in "
         "window order, de-duplicates, and writes WAV files or raw PCM as audio arrives.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        EPILOG,
     )
     add_kafka_args(parser)
     parser.add_argument(

@@ -9,13 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from codeclog.cli.config import (
-    ConfigError,
     add_kafka_args,
     add_limit_args,
     kafka_client_config,
     limit_options,
 )
-from codeclog.errors import EXIT_USAGE, CodeclogError, exit_code
+from codeclog.cli.parsing import (
+    Subparsers,
+    add_command,
+    add_offline_vocoder_args,
+    add_variant_args,
+)
+from codeclog.errors import EXIT_USAGE
 from codeclog.user_files import make_folder
 
 DESCRIPTION = """\
@@ -53,13 +58,13 @@ cluster's auth).
 """
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+def register(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
         "replay",
-        help="rerun a capture or scenario offline (or republish it)",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "rerun a capture or scenario offline (or republish it)",
+        DESCRIPTION,
+        EPILOG,
     )
     parser.add_argument("input", metavar="INPUT", help="capture file (.ocf) or JSONL scenario")
     parser.add_argument(
@@ -68,33 +73,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="tolerant",
         help="fold policy: strict mirrors the upstream, tolerant is the product (default)",
     )
-    parser.add_argument(
-        "--vocoder",
-        default="none",
-        metavar="none|tiny|DIR",
-        help="also decode audio: 'tiny' (the test fixture) or a checkpoint dir (default none)",
+    add_offline_vocoder_args(
+        parser,
+        kernels_help="with --vocoder: portable (default) gives the same audio bytes on every "
+        "x86-64 CPU; native is torch's own kernels, faster, bytes depend on the CPU or GPU",
     )
-    parser.add_argument(
-        "--kernels",
-        choices=("portable", "native"),
-        default="portable",
-        help="with --vocoder: portable (default) gives the same audio bytes on every x86-64 "
-        "CPU; native is torch's own kernels, faster, bytes depend on the CPU or GPU",
-    )
-    parser.add_argument(
-        "--hift",
-        choices=("noncausal", "causal"),
-        default="noncausal",
-        help="with --vocoder: the HiFT vocoder, noncausal (default, scheme A) or causal "
+    add_variant_args(
+        parser,
+        hift_help="with --vocoder: the HiFT vocoder, noncausal (default, scheme A) or causal "
         "(scheme B, minicpmo-utils 1.0.7: fixed 8-frame delay, no cross-fade); replay with "
         "the variant the live member ran to reproduce its audio",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16", "float16"),
-        default="float32",
-        help="with --vocoder: the flow's precision, float32 (default) or bfloat16 (float16 "
-        "is for CUDA; replay runs on the CPU). Another dtype is another determinism domain",
+        dtype_help="with --vocoder: the flow's precision, float32 (default) or bfloat16 "
+        "(float16 is for CUDA; replay runs on the CPU). Another dtype is another determinism "
+        "domain",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
@@ -122,14 +113,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        _check_args(args)
-        if args.to_topic:
-            return _republish(args)
-        return _replay(args)
-    except (CodeclogError, ConfigError) as exc:
-        print(f"codeclog replay: {exc}", file=sys.stderr)
-        return exit_code(exc)  # 2: options, an unreadable or invalid INPUT, a refusal
+    """Errors: exit 2 for options, an unreadable or invalid INPUT, a refusal (codeclog.cli)."""
+    _check_args(args)
+    if args.to_topic:
+        return _republish(args)
+    return _replay(args)
 
 
 def _check_args(args: argparse.Namespace) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from codeclog.cli.parsing import Subparsers, add_command, add_offline_vocoder_args
+
 DESCRIPTION = """\
 Replay INPUT (a capture file or a JSONL scenario, as `codeclog replay` takes) and write one
 self-contained HTML file that any current browser opens offline (its script, styles, charts and
@@ -36,13 +38,13 @@ no record, or an --out that cannot be written; 1 any other failure.
 """
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+def register(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
         "report",
-        help="a capture or scenario as one self-contained HTML incident report",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "a capture or scenario as one self-contained HTML incident report",
+        DESCRIPTION,
+        EPILOG,
     )
     parser.add_argument("input", metavar="INPUT", help="capture file (.ocf) or JSONL scenario")
     parser.add_argument(
@@ -58,17 +60,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the policy of the timeline, the outcome table and the statuses (default "
         "tolerant); the strict policy's fatal rejection is shown either way",
     )
-    parser.add_argument(
-        "--vocoder",
-        default="none",
-        metavar="none|tiny|DIR",
-        help="also decode audio: 'tiny' (the test fixture) or a checkpoint dir (default none)",
-    )
-    parser.add_argument(
-        "--kernels",
-        choices=("portable", "native"),
-        default="portable",
-        help="with --vocoder: portable (default, the same bytes on every x86-64 CPU) or native",
+    add_offline_vocoder_args(
+        parser,
+        kernels_help="with --vocoder: portable (default, the same bytes on every x86-64 CPU) "
+        "or native",
     )
     parser.set_defaults(func=run)
 

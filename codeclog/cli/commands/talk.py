@@ -9,8 +9,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from codeclog.cli.config import ConfigError, add_kafka_args, kafka_client_config, topics_config
-from codeclog.errors import CodeclogError, exit_code
+from codeclog.cli.config import add_kafka_args, kafka_client_config, topics_config
+from codeclog.cli.parsing import Subparsers, add_command
 from codeclog.producers.publisher import (
     ChunkPublisher,
     PublisherConfig,
@@ -52,13 +52,13 @@ exit codes: 0 all delivered; 1 some records failed or Kafka is unreachable; 2 ba
 """
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+def register(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
         "talk",
-        help="publish synthetic duplex talker sessions (seeded) to the chunk topic",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "publish synthetic duplex talker sessions (seeded) to the chunk topic",
+        DESCRIPTION,
+        EPILOG,
     )
     parser.add_argument("--sessions", type=int, default=4, help="concurrent sessions (default 4)")
     parser.add_argument(
@@ -92,14 +92,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _talk(args)
-    except (CodeclogError, ConfigError) as exc:
-        print(f"codeclog talk: {exc}", file=sys.stderr)
-        return exit_code(exc)
-
-
-def _talk(args: argparse.Namespace) -> int:
     synthetic = SyntheticConfig(sessions=args.sessions, seconds=args.seconds, seed=args.seed)
     topic = args.topic or topics_config(args).chunks
     publisher_config = PublisherConfig(

@@ -9,13 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from codeclog.cli.config import (
-    ConfigError,
     add_kafka_args,
     add_limit_args,
     kafka_client_config,
     limit_options,
     topics_config,
 )
+from codeclog.cli.parsing import Subparsers, add_command
 from codeclog.consumers.readers.audio_compare import DEFAULT_MAX_ABS_LSB, DEFAULT_MIN_SNR_DB
 from codeclog.consumers.stream.fold.machine import Policy
 
@@ -44,15 +44,15 @@ OK, which a consumer a few records behind also passes).
 """
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+def register(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
         "verify",
-        help="check the audio topic against an offline replay of the chunk topic",
-        description="An operator's oracle: replays the chunk topic offline and checks that "
+        "check the audio topic against an offline replay of the chunk topic",
+        "An operator's oracle: replays the chunk topic offline and checks that "
         "every decode window appears exactly once on the audio topic and that each request's "
         "audio is byte-identical to the replay.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        EPILOG,
     )
     add_kafka_args(parser)
     parser.add_argument("--vocoder", default="tiny", help="'tiny' or a checkpoint dir")
@@ -113,13 +113,9 @@ def _not_drained(
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        client_config = kafka_client_config(args)
-        topics = topics_config(args)
-        limits = limit_options(args)
-    except ConfigError as exc:
-        print(f"codeclog verify: {exc}", file=sys.stderr)
-        return 2
+    client_config = kafka_client_config(args)
+    topics = topics_config(args)
+    limits = limit_options(args)
     if args.group is not None:
         problem = _not_drained(client_config, args.group, topics.chunks, args.drain_timeout)
         if problem is not None:

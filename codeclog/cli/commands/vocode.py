@@ -18,6 +18,7 @@ from codeclog.cli.config import (
     port_problem,
     topics_config,
 )
+from codeclog.cli.parsing import Subparsers, add_command, add_variant_args
 from codeclog.consumers.stream.fold.machine import Policy
 from codeclog.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CodeclogError, exit_code
 
@@ -38,16 +39,16 @@ Examples:
 """
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+def register(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
         "vocode",
-        help="run the Code2Wav consumer",
-        description="Consume codec chunks, fold them per request, decode batches of windows "
+        "run the Code2Wav consumer",
+        "Consume codec chunks, fold them per request, decode batches of windows "
         "with the Token2wav vocoder and write audio chunks, dead letters and recovery "
         "checkpoints in one Kafka transaction per step (exactly once for read_committed "
         "readers).",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        EPILOG,
     )
     add_kafka_args(parser)
     parser.add_argument("--group", default="codeclog-vocoder", help="consumer group id")
@@ -82,21 +83,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "HiFT call per final flag, padded and masked: fewer calls on a GPU, rows within a "
         "measured bound of solo decoding, see docs/vocoder.md)",
     )
-    parser.add_argument(
-        "--hift",
-        choices=("noncausal", "causal"),
-        default="noncausal",
-        help="the HiFT vocoder of this member's engine: noncausal (default: scheme A, 8 "
+    add_variant_args(
+        parser,
+        hift_help="the HiFT vocoder of this member's engine: noncausal (default: scheme A, 8 "
         "frames cross-faded between windows) or causal (scheme B, minicpmo-utils 1.0.7: a "
         "fixed 8-frame delay and a bounded history, no cross-fade; needs the 1.0.7 checkpoint "
         "layout, exact batching only). A different variant is a different determinism domain; "
         "a member refuses streams a member of the other variant checkpointed",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16", "float16"),
-        default="float32",
-        help="the flow's precision (HiFT stays float32): float32 (default), bfloat16, or "
+        dtype_help="the flow's precision (HiFT stays float32): float32 (default), bfloat16, or "
         "float16 (CUDA only). Not float32: another determinism domain (other audio bytes)",
     )
     parser.add_argument(
@@ -186,13 +180,9 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"codeclog vocode: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        client_config = kafka_client_config(args)
-        topics = topics_config(args)
-        limits = limit_options(args)
-    except CodeclogError as exc:
-        print(f"codeclog vocode: {exc}", file=sys.stderr)
-        return exit_code(exc)
+    client_config = kafka_client_config(args)  # a CodeclogError: one line (codeclog.cli)
+    topics = topics_config(args)
+    limits = limit_options(args)
     from codeclog.consumers.member.metrics import VocoderMetrics
     from codeclog.consumers.member.service import VocodeConfig, VocoderService
     from codeclog.consumers.stream.fold.machine import FoldConfig

@@ -1,0 +1,47 @@
+"""argparse pieces the commands share: a command's parser, and the vocoder options that more
+than one command takes (their choices and defaults live here once; each command words its help).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TypeAlias
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+HIFT_VARIANTS = ("noncausal", "causal")  # the first is the default
+FLOW_DTYPES = ("float32", "bfloat16", "float16")  # the first is the default
+
+
+def add_command(
+    subparsers: Subparsers, name: str, summary: str, description: str, epilog: str | None = None
+) -> argparse.ArgumentParser:
+    """A command's (or a command's action's) parser: `summary` is its line in the parent's
+    help; the description and epilog are printed with their line breaks as written."""
+    return subparsers.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def add_offline_vocoder_args(parser: argparse.ArgumentParser, kernels_help: str) -> None:
+    """--vocoder (none by default) and --kernels (portable by default), as the offline
+    commands, `replay` and `report`, take them."""
+    parser.add_argument(
+        "--vocoder",
+        default="none",
+        metavar="none|tiny|DIR",
+        help="also decode audio: 'tiny' (the test fixture) or a checkpoint dir (default none)",
+    )
+    parser.add_argument(
+        "--kernels", choices=("portable", "native"), default="portable", help=kernels_help
+    )
+
+
+def add_variant_args(parser: argparse.ArgumentParser, hift_help: str, dtype_help: str) -> None:
+    """--hift and --dtype: the engine's HiFT variant and the flow's precision."""
+    parser.add_argument("--hift", choices=HIFT_VARIANTS, default=HIFT_VARIANTS[0], help=hift_help)
+    parser.add_argument("--dtype", choices=FLOW_DTYPES, default=FLOW_DTYPES[0], help=dtype_help)
