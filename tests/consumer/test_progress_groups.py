@@ -1,6 +1,6 @@
-"""Whose checkpoints a group restores (README, "How recovery works"): a v2 checkpoint names
-its group; a v1 checkpoint (written before groups were recorded) counts only for the group one
-of whose members wrote it (producer id `<group>-<instance>`)."""
+"""Whose checkpoints a group restores (docs/operating.md, "How recovery works"): a v2
+checkpoint names its group; a v1 checkpoint (written before groups were recorded) counts only
+for the group one of whose members wrote it (producer id `<group>-<instance>`)."""
 
 from __future__ import annotations
 

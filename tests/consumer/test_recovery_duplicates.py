@@ -1,5 +1,5 @@
-"""A chunk redelivered after a restart is recognised from the restored digests (README, "How
-recovery works", step 2): checkpoints written by CheckpointWriter, restored by restore_folds
+"""A chunk redelivered after a restart is recognised from the restored digests (docs/operating.md,
+"How recovery works", step 2): checkpoints written by CheckpointWriter, restored by restore_folds
 into a fresh pipeline, then the redelivered record folded: `duplicate`, no decode window."""
 
 from __future__ import annotations

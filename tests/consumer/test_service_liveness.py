@@ -227,8 +227,8 @@ def test_an_indefinite_outcome_re_initialises_the_producer_before_the_next_trans
 ) -> None:
     """A timed-out call may still land on the broker later, under the producer's epoch: the
     transaction is aborted and the producer replaced, so the new one's init_transactions bumps
-    the epoch and fences it (README, "How recovery works"). With the test-only switch off the
-    producer is kept, as before this defence."""
+    the epoch and fences it (docs/operating.md, "The defence against late requests"). With the
+    test-only switch off the producer is kept, as before this defence."""
     timed_out = KafkaException(KafkaError(code, "timed out", retriable=True))
     for defended in (True, False):
         transactions = _transactions(_service())

@@ -24,9 +24,9 @@ from tests.consumer.conftest import LiveTalker, Stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
 
-# The liveness bound under test (consumers/member/service.py, README "How recovery works"): a stuck
-# Kafka call is abandoned after kafka_timeout_s + CALL_GRACE_S = 15 s; with no commit for
-# --outage-timeout (60 s) after the first failure the member exits 1.
+# The liveness bound under test (consumers/member/service.py, docs/operating.md "Liveness
+# bounds"): a stuck Kafka call is abandoned after kafka_timeout_s + CALL_GRACE_S = 15 s; with no
+# commit for --outage-timeout (60 s) after the first failure the member exits 1.
 STUCK_CALL_S = 15.0
 OUTAGE_TIMEOUT_S = 60.0
 
