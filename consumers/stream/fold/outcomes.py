@@ -69,6 +69,15 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+def _report(outcome: Outcome | _AtChunk, *keys: str) -> dict[str, Any]:
+    """The outcome's report: its kind, then `keys` in order (tuples as lists, enums as values)."""
+    report: dict[str, Any] = {"kind": outcome.kind.value}
+    for key in keys:
+        value = getattr(outcome, key)
+        report[key] = value.value if isinstance(value, enum.Enum) else _plain(value)
+    return report
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Echo:
     """Metadata of a decode window that the audio record repeats (never used for positions).
@@ -138,13 +147,7 @@ class Decode:
         return newest if self.held is None else self.held.then(newest)
 
     def to_report(self) -> dict[str, Any]:
-        return {
-            "kind": "decode",
-            "cache_epoch": self.cache_epoch,
-            "chunk_seqs": list(self.chunk_seqs),
-            "frames": self.frames,
-            "final": self.final,
-        }
+        return _report(self, "cache_epoch", "chunk_seqs", "frames", "final")
 
 
 _CONSTRUCT_DECODE = slot_constructor(Decode)
@@ -179,25 +182,34 @@ class Hold:
     frames: int  # ids held after this event
 
     def to_report(self) -> dict[str, Any]:
-        return {
-            "kind": "hold",
-            "cache_epoch": self.cache_epoch,
-            "chunk_seq": self.chunk_seq,
-            "frames": self.frames,
-        }
+        return _report(self, "cache_epoch", "chunk_seq", "frames")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Marker:
-    """A segment boundary: the position advances, no audio."""
+class _AtChunk:
+    """An outcome that is all position: the chunk (`cache_epoch`, `chunk_seq`) it is about."""
 
-    kind: ClassVar[OutcomeKind] = OutcomeKind.MARKER
+    kind: ClassVar[OutcomeKind]
     request_id: str
     cache_epoch: int
     chunk_seq: int
 
     def to_report(self) -> dict[str, Any]:
-        return {"kind": "marker", "cache_epoch": self.cache_epoch, "chunk_seq": self.chunk_seq}
+        return _report(self, "cache_epoch", "chunk_seq")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Marker(_AtChunk):
+    """A segment boundary: the position advances, no audio."""
+
+    kind: ClassVar[OutcomeKind] = OutcomeKind.MARKER
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Duplicate(_AtChunk):
+    """A redelivery of a chunk already applied (same digest, or too old to verify)."""
+
+    kind: ClassVar[OutcomeKind] = OutcomeKind.DUPLICATE
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -209,7 +221,7 @@ class Release:
     cache_epoch: int
 
     def to_report(self) -> dict[str, Any]:
-        return {"kind": "release", "cache_epoch": self.cache_epoch}
+        return _report(self, "cache_epoch")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -231,10 +243,7 @@ class Reject:
 
     def to_report(self) -> dict[str, Any]:
         return {
-            "kind": "reject",
-            "reason": self.reason.value,
-            "cache_epoch": self.cache_epoch,
-            "chunk_seq": self.chunk_seq,
+            **_report(self, "reason", "cache_epoch", "chunk_seq"),
             "details": self.details_dict(),
         }
 
@@ -251,26 +260,7 @@ class Gap:
     discarded_frames: int  # held frames dropped because continuity is broken
 
     def to_report(self) -> dict[str, Any]:
-        return {
-            "kind": "gap",
-            "cache_epoch": self.cache_epoch,
-            "missing_from": self.missing_from,
-            "missing_to": self.missing_to,
-            "discarded_frames": self.discarded_frames,
-        }
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Duplicate:
-    """A redelivery of a chunk already applied (same digest, or too old to verify)."""
-
-    kind: ClassVar[OutcomeKind] = OutcomeKind.DUPLICATE
-    request_id: str
-    cache_epoch: int
-    chunk_seq: int
-
-    def to_report(self) -> dict[str, Any]:
-        return {"kind": "duplicate", "cache_epoch": self.cache_epoch, "chunk_seq": self.chunk_seq}
+        return _report(self, "cache_epoch", "missing_from", "missing_to", "discarded_frames")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -283,7 +273,7 @@ class Abandoned:
     frames: int
 
     def to_report(self) -> dict[str, Any]:
-        return {"kind": "abandoned", "cache_epoch": self.cache_epoch, "frames": self.frames}
+        return _report(self, "cache_epoch", "frames")
 
 
 Outcome = Decode | Hold | Marker | Release | Reject | Gap | Duplicate | Abandoned
