@@ -76,12 +76,7 @@ class _Writer:
             out.append(joint)
             out.append(prefix)
             joint = separator
-            item = value[key]
-            kind = type(item)
-            if kind is dict or kind is list or kind is tuple:
-                self.write(item, level + 1)
-            else:
-                out.append(_scalar(item))
+            self.write(value[key], level + 1)
         out.append(closing + "}")
 
     def _list(self, value: list[Any] | tuple[Any, ...], level: int) -> None:
@@ -95,11 +90,7 @@ class _Writer:
         for item in value:
             out.append(joint)
             joint = separator
-            kind = type(item)
-            if kind is dict or kind is list or kind is tuple:
-                self.write(item, level + 1)
-            else:
-                out.append(_scalar(item))
+            self.write(item, level + 1)
         out.append(closing + "]")
 
 

@@ -37,7 +37,7 @@ from codeclog.vocoder.causal_hift import (
     build_causal_hift,
     initialise_causal_hift,
 )
-from codeclog.vocoder.errors import CheckpointError, VocoderConfigError
+from codeclog.vocoder.errors import CheckpointError, parse_choice
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
 from codeclog.vocoder.hift import HiftConfig, HiFTGenerator, build_hift, strip_upstream_prefix
 
@@ -132,15 +132,7 @@ class HiftVariant(enum.Enum):
 
     @classmethod
     def parse(cls, value: str | HiftVariant) -> HiftVariant:
-        if isinstance(value, HiftVariant):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            names = ", ".join(v.value for v in cls)
-            raise VocoderConfigError(
-                f"hift variant must be one of {names}, got {value!r}"
-            ) from None
+        return parse_choice(cls, value, "hift variant")
 
 
 def choose_hift_variant(

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import enum
+from typing import TypeVar
+
 from codeclog.errors import CodeclogError
+
+Choice = TypeVar("Choice", bound=enum.Enum)
 
 
 class VocoderError(CodeclogError):
@@ -11,6 +16,18 @@ class VocoderError(CodeclogError):
 
 class VocoderConfigError(VocoderError):
     """A vocoder configuration is malformed, contradictory or has unknown keys."""
+
+
+def parse_choice(kind: type[Choice], value: str | Choice, what: str) -> Choice:
+    """`value` as a member of the option enum `kind` (a member passes as it is); a
+    VocoderConfigError naming the choices when it is none of them."""
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        names = ", ".join(member.value for member in kind)
+        raise VocoderConfigError(f"{what} must be one of {names}, got {value!r}") from None
 
 
 class VocoderInputError(VocoderError):

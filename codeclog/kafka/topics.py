@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, NewTopic
 
 from codeclog.errors import CodeclogError
 from codeclog.kafka.log import client_settings
@@ -73,9 +73,6 @@ class TopicSpec:
     cleanup_policy: CleanupPolicy
     role: str  # what the topic carries, for humans
     settings: tuple[tuple[str, str], ...] = ()  # more topic configs a new topic gets
-
-    def setting(self, key: str) -> str | None:
-        return dict(self.settings).get(key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,28 +231,28 @@ def _admin(client_config: Mapping[str, str]) -> AdminClient:
     return AdminClient(client_settings({"log_level": "2"}, client_config))
 
 
-def _broker_count(admin: AdminClient, timeout_s: float, client_config: Mapping[str, str]) -> int:
+def _cluster_metadata(
+    admin: AdminClient, timeout_s: float, client_config: Mapping[str, str]
+) -> ClusterMetadata:
+    """The whole cluster's metadata; ClusterUnreachableError when it does not answer."""
     try:
-        metadata = admin.list_topics(timeout=timeout_s)
+        return admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise ClusterUnreachableError(
             f"no answer from the Kafka cluster at {client_config.get('bootstrap.servers')} "
             f"within {timeout_s:g} s ({_kafka_error_text(exc)}); is it running?"
         ) from exc
-    return len(metadata.brokers)
+
+
+def _broker_count(admin: AdminClient, timeout_s: float, client_config: Mapping[str, str]) -> int:
+    return len(_cluster_metadata(admin, timeout_s, client_config).brokers)
 
 
 def _topic_partitions(
     admin: AdminClient, timeout_s: float, client_config: Mapping[str, str]
 ) -> dict[str, tuple[int, int]]:
     """name -> (partition count, replication factor) from one whole-cluster metadata call."""
-    try:
-        metadata = admin.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        raise ClusterUnreachableError(
-            f"no answer from the Kafka cluster at {client_config.get('bootstrap.servers')} "
-            f"within {timeout_s:g} s ({_kafka_error_text(exc)}); is it running?"
-        ) from exc
+    metadata = _cluster_metadata(admin, timeout_s, client_config)
     out: dict[str, tuple[int, int]] = {}
     for name, topic in metadata.topics.items():
         if topic.error is None:

@@ -163,7 +163,7 @@ def test_check_topic(case: str, spec: TopicSpec, info: TopicInfo, complaints: li
 
 def test_only_the_chunk_topic_gets_log_append_time() -> None:
     specs = topic_specs(TopicsConfig())
-    assert [s.setting("message.timestamp.type") for s in specs] == [
+    assert [dict(s.settings).get("message.timestamp.type") for s in specs] == [
         "LogAppendTime",
         None,
         None,

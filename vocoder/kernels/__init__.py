@@ -14,7 +14,7 @@ import enum
 import threading
 from collections.abc import Iterator
 
-from codeclog.vocoder.errors import VocoderConfigError
+from codeclog.vocoder.errors import parse_choice
 
 
 class Kernels(enum.Enum):
@@ -23,13 +23,7 @@ class Kernels(enum.Enum):
 
     @classmethod
     def parse(cls, value: str | Kernels) -> Kernels:
-        if isinstance(value, Kernels):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            names = ", ".join(k.value for k in cls)
-            raise VocoderConfigError(f"kernels must be one of {names}, got {value!r}") from None
+        return parse_choice(cls, value, "kernels")
 
 
 _local = threading.local()
