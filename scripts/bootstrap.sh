@@ -52,6 +52,8 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 if [ "$(uname -m)" = x86_64 ]; then command -v qemu-x86_64 >/dev/null 2>&1 || missing+=(qemu-user); fi
 # chromium: the report tests open each page headless (tests/replay/test_report_browser.py)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# faketime: the clock-skew network fault jumps a member's clock (codeclog.devtools.network_faults)
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing Debian packages: ${missing[*]}"
@@ -59,6 +61,17 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
     echo "bootstrap: warning: ${missing[*]} missing (the tests that need them will be skipped)" >&2
+  fi
+fi
+# Toxiproxy: a faultable local cluster's links run through it (codeclog.devtools.links; the
+# network-fault tests and `python -m bench.faults`). Built once per machine with Go.
+toxiproxy="${XDG_CACHE_HOME:-$HOME/.cache}/codeclog/toxiproxy-2.5.0"
+if [ ! -x "$toxiproxy/server" ]; then
+  if command -v go >/dev/null 2>&1; then
+    echo "bootstrap: building Toxiproxy 2.5.0 into $toxiproxy (go install, first time on this machine)"
+    GOBIN="$toxiproxy" GOFLAGS=-mod=mod go install github.com/Shopify/toxiproxy/v2/cmd/server@v2.5.0 >/dev/null
+  else
+    echo "bootstrap: warning: Go is missing, so Toxiproxy is not built (faultable clusters refuse to start)" >&2
   fi
 fi
 echo "$venv"

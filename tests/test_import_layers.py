@@ -43,7 +43,12 @@ PROBES = [
     ("codeclog/omni/_probe_tooling.py", "import codeclog.devtools.cluster\n", "Layers"),
     # appended to an existing module (the contract names modules, not a package)
     ("codeclog/producers/talker.py", "import confluent_kafka\n", "The talker imports no Kafka"),
-    ("codeclog/devtools/audit.py", "import codeclog.schemas.wire\n", "The audit reads the outputs"),
+    ("codeclog/devtools/audit.py", "import codeclog.schemas.wire\n", "The audit and the history"),
+    (
+        "codeclog/devtools/history.py",
+        "import codeclog.consumers.stream.fold\n",
+        "The audit and the history",
+    ),
 ]
 
 

@@ -58,6 +58,19 @@ from codeclog.devtools.broker import (
     port_is_free,
     resolve_java,
 )
+from codeclog.devtools.links import (
+    HEAL,
+    LINKS,
+    LISTENERS,
+    Fault,
+    LinkUsageError,
+    NodeLinks,
+    Toxiproxy,
+    apply,
+    describe_toxic,
+    find_server,
+    listener_properties,
+)
 from codeclog.errors import UsageError
 from codeclog.kafka.topics import replication_for
 from codeclog.user_files import make_folder
@@ -94,10 +107,35 @@ class ClusterSizeError(ClusterError, UsageError):
 
 @dataclasses.dataclass(frozen=True)
 class ClusterLayout:
-    """What cluster.json holds: fixed for the life of the data dir."""
+    """What cluster.json holds: fixed for the life of the data dir. A faultable cluster's
+    `ports` are its proxies' (clients and controller): the addresses every client and node
+    uses; `links` hold each node's proxies and real ports (codeclog.devtools.links)."""
 
     cluster_id: str
     ports: tuple[BrokerPorts, ...]  # ports[i] belongs to node i + 1
+    links: tuple[NodeLinks, ...] = ()  # faultable only
+    toxiproxy_api: int = 0  # faultable only: the Toxiproxy API port
+
+    @property
+    def faultable(self) -> bool:
+        return bool(self.links)
+
+    def node_links(self, node_id: int) -> NodeLinks:
+        if not self.faultable:
+            raise LinkUsageError(
+                "this cluster was not started faultable: its links cannot fail (start a new one "
+                "with `codeclog broker start --nodes 3 --faultable --data-dir DIR`)"
+            )
+        if node_id not in self.node_ids:
+            raise LinkUsageError(f"the cluster has nodes 1..{self.nodes}, not node {node_id}")
+        return self.links[node_id - 1]
+
+    def link_bootstrap(self, link: str) -> str:
+        """The bootstrap of a client link ("clients": the cluster's; "member", "talker")."""
+        if link == "clients" or not self.faultable:
+            return self.bootstrap
+        listener = {"member": "MEMBER", "talker": "TALKER"}[link]
+        return ",".join(f"{HOST}:{n.advertised(listener)}" for n in self.links)
 
     @property
     def nodes(self) -> int:
@@ -121,7 +159,7 @@ class ClusterLayout:
         return ",".join(f"{HOST}:{ports.broker_port}" for ports in self.ports)
 
     def to_json(self) -> str:
-        raw = {
+        raw: dict[str, Any] = {
             "cluster_id": self.cluster_id,
             "nodes": [
                 {
@@ -132,6 +170,11 @@ class ClusterLayout:
                 for node, p in zip(self.node_ids, self.ports, strict=True)
             ],
         }
+        if self.faultable:
+            raw["faultable"] = {
+                "toxiproxy_api": self.toxiproxy_api,
+                "links": {str(n.node_id): n.to_json() for n in self.links},
+            }
         return json.dumps(raw, indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -143,23 +186,41 @@ class ClusterLayout:
         ports = tuple(
             BrokerPorts(int(node["broker_port"]), int(node["controller_port"])) for node in nodes
         )
-        return cls(str(raw["cluster_id"]), ports)
+        faultable = raw.get("faultable")
+        if not faultable:
+            return cls(str(raw["cluster_id"]), ports)
+        links = tuple(
+            NodeLinks.from_json(n, faultable["links"][str(n)]) for n in range(1, len(ports) + 1)
+        )
+        return cls(str(raw["cluster_id"]), ports, links, int(faultable["toxiproxy_api"]))
 
     @classmethod
     def fresh(
-        cls, nodes: int, cluster_id: str, pick: Callable[[], int] = pick_free_port
+        cls,
+        nodes: int,
+        cluster_id: str,
+        pick: Callable[[], int] = pick_free_port,
+        faultable: bool = False,
     ) -> ClusterLayout:
         taken: set[int] = set()
-        ports = []
-        for _ in range(nodes):
-            pair: list[int] = []
-            while len(pair) < 2:
-                port = pick()
-                if port not in taken:
-                    taken.add(port)
-                    pair.append(port)
-            ports.append(BrokerPorts(pair[0], pair[1]))
-        return cls(cluster_id, tuple(ports))
+
+        def distinct() -> int:
+            while (port := pick()) in taken:
+                pass
+            taken.add(port)
+            return port
+
+        if not faultable:
+            ports = tuple(BrokerPorts(distinct(), distinct()) for _ in range(nodes))
+            return cls(cluster_id, ports)
+        links = tuple(
+            NodeLinks(node, {name: (distinct(), distinct()) for name in LISTENERS})
+            for node in range(1, nodes + 1)
+        )
+        ports = tuple(
+            BrokerPorts(n.advertised("CLIENTS"), n.advertised("CONTROLLER")) for n in links
+        )
+        return cls(cluster_id, ports, links, distinct())
 
 
 def render_cluster_properties(
@@ -175,7 +236,11 @@ def render_cluster_properties(
         # Static voters, formatted without --standalone: every node knows the whole quorum,
         # so the ports must never change (they live in cluster.json).
         "controller.quorum.voters": layout.voters,
-        **plaintext_listeners(ports),
+        **(
+            listener_properties(layout.node_links(node_id))
+            if layout.faultable
+            else plaintext_listeners(ports)
+        ),
         "log.dirs": str(log_dirs),
         **node_settings(replication, min_isr, INTERNAL_PARTITIONS),
         "unclean.leader.election.enable": "false",
@@ -207,7 +272,13 @@ class ClusterNode(LocalBroker):
         return self.layout.node_ports(self.node_id)
 
     def _node_ports(self, previous: BrokerPorts | None) -> BrokerPorts:
-        for port in (self.ports.broker_port, self.ports.controller_port):
+        # a faultable node binds its real ports; Toxiproxy holds the advertised ones
+        bound = (
+            [self.layout.node_links(self.node_id).real(name) for name in LISTENERS]
+            if self.layout.faultable
+            else [self.ports.broker_port, self.ports.controller_port]
+        )
+        for port in bound:
             if not port_is_free(port):
                 raise ClusterError(
                     f"port {port} of node {self.node_id} is taken by another process; the "
@@ -301,10 +372,12 @@ class LocalCluster:
         nodes: int | None = None,
         settings: BrokerSettings | None = None,
         *,
+        faultable: bool = False,
         random_bytes: Callable[[int], bytes] = os.urandom,
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
         self.requested_nodes = nodes
+        self.requested_faultable = faultable  # a new cluster's links run through Toxiproxy
         self.settings = (
             settings
             if settings is not None
@@ -348,9 +421,13 @@ class LocalCluster:
     def start(self, progress: Progress = _quiet) -> ClusterLayout:
         """Start every node that is not running (creating the cluster if needed); idempotent."""
         self.settings.validate()
+        if self.requested_faultable:
+            find_server()  # before anything is written: a missing tool is one line, exit 2
         self._make_dir()
         with self._locked():
             layout = self._load_or_create(progress)
+            if layout.faultable:  # the proxies first: nodes and clients reach each other by them
+                self.toxiproxy(layout).start(layout.links)
             pending = [self.node(n) for n in layout.node_ids if self.node(n).running_pid() is None]
             if not pending:
                 progress(f"all {layout.nodes} nodes already run")
@@ -426,6 +503,8 @@ class LocalCluster:
                     _wait_gone(pid, node.properties_path, time.monotonic() + KILL_WAIT_S)
                 node._clear_state()
                 results[node_id] = StopResult(True, not exited, time.monotonic() - started, None)
+            if layout.faultable:
+                self.toxiproxy(layout).stop()
             return results
 
     def status(self) -> tuple[NodeStatus, ...]:
@@ -441,6 +520,44 @@ class LocalCluster:
         return tuple(out)
 
     # faults -------------------------------------------------------------------------------
+    def toxiproxy(self, layout: ClusterLayout | None = None) -> Toxiproxy:
+        layout = layout or self.layout()
+        return Toxiproxy(self.data_dir, layout.toxiproxy_api)
+
+    def net(self, node_id: int, link: str, fault: Fault, progress: Progress = _quiet) -> None:
+        """Make one node's link fail as `fault` says (or heal it): LinkUsageError (exit 2)
+        for a cluster not started faultable, an unknown node or link."""
+        layout = self.layout()
+        if link not in LINKS:
+            raise LinkUsageError(f"a link is one of {', '.join(LINKS)}, not {link!r}")
+        proxies = layout.node_links(node_id).proxies(link)
+        apply(self.toxiproxy(layout), proxies, fault)
+        progress(f"node {node_id}, link {link}: {fault.describe()}")
+
+    def heal_all(self) -> None:
+        """Every link of every node back to normal (a faultable cluster; else nothing)."""
+        layout = self.layout()
+        if layout.faultable:
+            toxiproxy = self.toxiproxy(layout)
+            for node in layout.links:
+                apply(toxiproxy, [node.proxy(name) for name in LISTENERS], HEAL)
+
+    def link_faults(self) -> dict[tuple[int, str], list[str]]:
+        """(node, link) -> the toxics in place (empty: healthy), for `broker net`'s table."""
+        layout = self.layout()
+        toxiproxy = self.toxiproxy(layout)
+        return {
+            (node.node_id, link): sorted(
+                {
+                    describe_toxic(toxic)
+                    for proxy in node.proxies(link)
+                    for toxic in toxiproxy.toxics(proxy)
+                }
+            )
+            for node in layout.links
+            for link in LINKS
+        }
+
     def kill(self, node_id: int, progress: Progress = _quiet) -> int:
         """SIGKILL the node's JVM (no shutdown at all); returns its pid. Its state file stays,
         so `status` says crashed until `restart`."""
@@ -497,13 +614,22 @@ class LocalCluster:
                     f"{self.data_dir} holds a {layout.nodes}-node cluster, not "
                     f"{self.requested_nodes}; use another --data-dir for another size"
                 )
+            if self.requested_faultable and not layout.faultable:
+                raise LinkUsageError(
+                    f"{self.data_dir} holds a cluster that is not faultable; use another "
+                    "--data-dir for a faultable one"
+                )
             return layout
         if (self.data_dir / "kafka").exists() or (self.data_dir / "broker.json").exists():
             raise ClusterError(
                 f"{self.data_dir} holds a single-node broker; use another --data-dir for a cluster"
             )
         nodes = self.requested_nodes or 3
-        layout = ClusterLayout.fresh(nodes, new_cluster_id(self._random_bytes))
+        if self.requested_faultable and self.settings.security not in (None, "none"):
+            raise LinkUsageError("a faultable cluster is plaintext only: drop --security")
+        layout = ClusterLayout.fresh(
+            nodes, new_cluster_id(self._random_bytes), faultable=self.requested_faultable
+        )
         progress(f"new {nodes}-node cluster {layout.cluster_id} in {self.data_dir}")
         temp = self.layout_path.with_name(CLUSTER_FILE + ".tmp")
         temp.write_text(layout.to_json())

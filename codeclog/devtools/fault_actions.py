@@ -67,12 +67,18 @@ class FaultContext:
     group: str
     members: Members
     notes: list[str] = dataclasses.field(default_factory=list)
+    # On a faultable cluster member a and the talker have links of their own (devtools.links)
+    member_client: dict[str, str] = dataclasses.field(default_factory=dict)
+    talker_client: dict[str, str] = dataclasses.field(default_factory=dict)
+    member_env: dict[str, str] = dataclasses.field(default_factory=dict)  # member a's
+    talker_clock: SkewedClock = dataclasses.field(default_factory=lambda: SkewedClock())
 
     def start_member(self, name: str) -> None:
+        client = self.member_client if name == "a" and self.member_client else self.client
         self.members.start(
             name,
             "--bootstrap",
-            self.client["bootstrap.servers"],
+            client["bootstrap.servers"],
             "--topics-config",
             str(self.topics_file),
             "--group",
@@ -82,12 +88,23 @@ class FaultContext:
             # the whole cluster down takes ~75 s here (15 s + a cold start): past the 60 s default
             "--outage-timeout",
             str(MEMBER_OUTAGE_S),
+            env=self.member_env if name == "a" else None,
         )
 
     def restart(self, node: int) -> float:
         started = time.monotonic()
         self.cluster.restart(node)
         return time.monotonic() - started
+
+
+@dataclasses.dataclass
+class SkewedClock:
+    """The talker's wall clock in ms, `offset_ms` off the real one (the clock-skew fault)."""
+
+    offset_ms: int = 0
+
+    def __call__(self) -> int:
+        return int(time.time() * 1000) + self.offset_ms
 
 
 def fault_leader(ctx: FaultContext) -> None:

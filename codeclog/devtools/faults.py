@@ -26,7 +26,11 @@ from typing import Any
 from codeclog.devtools.audit import AuditReport, audit
 from codeclog.devtools.cluster import LocalCluster
 from codeclog.devtools.fault_actions import FAULT_ACTIONS, FaultContext, with_nodes_up
+from codeclog.devtools.history import Topics as HistoryTopics
+from codeclog.devtools.history import check, read_history
+from codeclog.devtools.links import LinkUsageError
 from codeclog.devtools.members import READY_LINE, Members, wait_group_drained
+from codeclog.devtools.network_faults import NETWORK_FAULT_ACTIONS, faketime_env
 from codeclog.devtools.probe import AudioProbe
 from codeclog.devtools.stack import write_topics_file
 from codeclog.devtools.stats import percentile
@@ -67,6 +71,9 @@ class FaultRow:
     p99_before_ms: float
     p99_during_ms: float
     member_exits: list[str]
+    anomalies: dict[str, int] = dataclasses.field(default_factory=dict)  # history, by kind
+    examples: list[str] = dataclasses.field(default_factory=list)  # a few of them, spelled out
+    recovery_s: float = float("nan")  # the fault's end -> the next window visible
     error: str = ""
 
     @property
@@ -78,7 +85,29 @@ class FaultRow:
             and self.audit["ok"]
             and self.audit_matches_verify
             and self.dead_letters == 0
+            and not any(self.anomalies.values())
         )
+
+    @property
+    def lost(self) -> int:
+        return self.talker_lost + self.missing
+
+    @property
+    def duplicates(self) -> int:
+        return self.duplicated + int(self.audit["duplicated"])
+
+    def summary(self) -> dict[str, Any]:
+        """What `bench.faults --json` writes per fault."""
+        return {
+            "fault": self.fault,
+            "what": self.what,
+            "lost": self.lost,
+            "duplicated": self.duplicates,
+            "anomalies": self.anomalies,
+            "gap_s": self.gap_during_s,
+            "recovery_s": self.recovery_s,
+            "result": "ok" if self.ok else f"FAILED {self.error}".strip(),
+        }
 
 
 def _gaps(seen: list[float], start: float, end: float) -> float:
@@ -117,7 +146,23 @@ def _fresh_run(cluster: LocalCluster, fault: str, workdir: Path) -> FaultContext
     logs = workdir / run
     logs.mkdir(parents=True)
     topics_file = write_topics_file(topics, logs)
-    return FaultContext(cluster, client, topics, topics_file, f"fm-{run}", Members(logs))
+    ctx = FaultContext(cluster, client, topics, topics_file, f"fm-{run}", Members(logs))
+    layout = cluster.layout()
+    if layout.faultable:  # member a and the talker on links of their own
+        ctx.member_client = {"bootstrap.servers": layout.link_bootstrap("member")}
+        ctx.talker_client = {"bootstrap.servers": layout.link_bootstrap("talker")}
+    if fault == "clock-skew":
+        ctx.member_env = faketime_env(logs)
+    return ctx
+
+
+def _inject(ctx: FaultContext, fault: str, rng: random.Random) -> None:
+    if fault in NETWORK_FAULT_ACTIONS:
+        if not ctx.cluster.layout().faultable:
+            raise LinkUsageError(f"{fault} needs a faultable cluster (--faultable)")
+        NETWORK_FAULT_ACTIONS[fault](ctx, rng)
+    else:
+        FAULT_ACTIONS[fault](ctx)
 
 
 def run_fault(
@@ -139,7 +184,7 @@ def run_fault(
     config = PublisherConfig(
         topic=topics.chunks, producer_id="faults-talker", delivery_timeout_ms=240_000
     )
-    voice = Voice(client, config)
+    voice = Voice(ctx.talker_client or client, config, now_ms=ctx.talker_clock)
     talker = LiveTalker(voice, Speech(SESSIONS_PER_ROUND, ROUND_S, seed), repeat=True)
     error = ""
     fault_at = fault_end = talk_start = time.time()
@@ -155,7 +200,7 @@ def run_fault(
         delay = rng.uniform(inject_after_s, inject_after_s + 8.0)
         time.sleep(delay)
         fault_at = time.time()
-        FAULT_ACTIONS[fault](ctx)
+        _inject(ctx, fault, rng)
         fault_end = time.time()
         time.sleep(AFTER_FAULT_S)
     except Exception as exc:
@@ -172,6 +217,7 @@ def run_fault(
     probe.stop()
     report = verify(client, topics, engine)
     checked: AuditReport = audit(client, topics.audio, topics.dlq)
+    history = _history(ctx)
     matches = (
         len(checked.windows) == report.expected_windows
         and not report.missing
@@ -201,24 +247,43 @@ def run_fault(
         p99_before_ms=percentile(_latencies_ms(probe, warm, fault_at), 99),
         p99_during_ms=percentile(_latencies_ms(probe, fault_at, fault_end + AFTER_FAULT_S), 99),
         member_exits=list(dict.fromkeys(crashed + members.exits)),
+        anomalies={kind: len(items) for kind, items in history.items()},
+        examples=[item for items in history.values() for item in items[:2]],
+        recovery_s=_recovery(seen, fault_end),
         error=error,
     )
 
 
+def _history(ctx: FaultContext) -> dict[str, list[str]]:
+    """The independent history check (codeclog.devtools.history) of the run, with the fate of
+    every transactional batch read from node 1's log segments (replicas hold the same log)."""
+    t = ctx.topics
+    node_dir = ctx.cluster.data_dir / "node-1" / "kafka"
+    found = read_history(
+        ctx.client, HistoryTopics(t.chunks, t.audio, t.dlq, t.progress), ctx.group, node_dir
+    )
+    return check(found)
+
+
+def _recovery(seen: list[float], fault_end: float) -> float:
+    """From the fault's end to the first window visible after it."""
+    after = [at for at in seen if at >= fault_end]
+    return float(min(after) - fault_end) if after else float("nan")
+
+
 def fault_table(rows: list[FaultRow]) -> str:
     lines = [
-        "| fault | what happened | lost | duplicated | audio gap before / from the fault "
-        "| chunk latency p99 before / during | result |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| fault | what happened | lost | duplicated | anomalies | audio gap before / from the "
+        "fault | recovery | chunk latency p99 before / during | result |",
+        "|---|---|---:|---:|---|---:|---:|---:|---|",
     ]
     for r in rows:
-        lost = r.talker_lost + r.missing
-        duplicated = r.duplicated + r.audit["duplicated"]
         exits = f"; members: {', '.join(r.member_exits)}" if r.member_exits else ""
+        anomalies = ", ".join(f"{k} {n}" for k, n in r.anomalies.items() if n) or "0"
         result = "ok" if r.ok else f"FAILED {r.error}".strip()
         lines.append(
-            f"| {r.fault} | {r.what}{exits} | {lost} | {duplicated} "
-            f"| {r.gap_before_s:.1f} s / {r.gap_during_s:.1f} s "
+            f"| {r.fault} | {r.what}{exits} | {r.lost} | {r.duplicates} | {anomalies} "
+            f"| {r.gap_before_s:.1f} s / {r.gap_during_s:.1f} s | {r.recovery_s:.1f} s "
             f"| {r.p99_before_ms:.0f} / {r.p99_during_ms:.0f} ms | {result} |"
         )
     return "\n".join(lines)

@@ -49,14 +49,24 @@ class Members:
     name_of: dict[int, str] = dataclasses.field(default_factory=dict)  # pid -> instance id
     exits: list[str] = dataclasses.field(default_factory=list)  # what stop/kill saw
 
-    def start(self, instance: str, *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self,
+        instance: str,
+        *args: str,
+        log: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
         """`codeclog vocode --instance-id INSTANCE ARGS`, stdout and stderr into `log` (default
-        vocode-INSTANCE-N.log in `logs`, N counting this run's members)."""
+        vocode-INSTANCE-N.log in `logs`, N counting this run's members); `env` adds to its
+        environment (e.g. libfaketime's, for the clock-skew fault)."""
         path = log or self.logs / f"vocode-{instance}-{len(self.processes)}.log"
         command = [sys.executable, "-m", "codeclog.cli", "vocode", "--instance-id", instance]
         with path.open("wb") as out:
             process = subprocess.Popen(
-                [*command, *args], stdout=out, stderr=subprocess.STDOUT, env=_child_env()
+                [*command, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**_child_env(), **(env or {})},
             )
         self.processes.append(process)
         self.log_of[process.pid] = path

@@ -27,7 +27,13 @@ class Speech:
 class Voice:
     """A `Talker` over one `ChunkPublisher` (idempotent, acks=all) for a whole run."""
 
-    def __init__(self, client: Mapping[str, Any], config: PublisherConfig) -> None:
+    def __init__(
+        self,
+        client: Mapping[str, Any],
+        config: PublisherConfig,
+        now_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.now_ms = now_ms  # the talker's clock (produced_at): the clock-skew fault moves it
         self.publisher = ChunkPublisher(client, config)
         self.talker = Talker(self.publisher, producer_id=config.producer_id, native_duplex=True)
         self.records = 0  # records handed to the publisher so far
@@ -48,7 +54,7 @@ class Voice:
             realtime=realtime,
             clock=time.monotonic,
             sleep=time.sleep,
-            now_ms=wall_clock_ms,
+            now_ms=self.now_ms,
             on_progress=on_progress,
         )
         self.records += result.records

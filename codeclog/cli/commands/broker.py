@@ -1,5 +1,6 @@
-"""`codeclog broker start|stop|status|fetch|kill|pause|resume|restart`: the local Kafka broker
-(one node by default) or a local cluster of N nodes (`start --nodes 3`)."""
+"""`codeclog broker start|stop|status|fetch|kill|pause|resume|restart|net`: the local Kafka
+broker (one node by default) or a local cluster of N nodes (`start --nodes 3`), whose links can
+fail when started `--faultable` (`net`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ from codeclog.devtools.cluster import (
     NodeStatusKind,
 )
 from codeclog.devtools.jars import ENV_KAFKA_LIBS, KAFKA_VERSION, JarFetcher
+from codeclog.devtools.links import (
+    DOWN,
+    HEAL,
+    LINKS,
+    RESET,
+    Fault,
+    LinkUsageError,
+    latency,
+)
 from codeclog.devtools.security import SECURITY_CHOICES, SUPER_USER
 from codeclog.errors import (
     EXIT_BROKER_STOPPED,
@@ -46,6 +56,14 @@ off. Memory: each node's JVM heap is {NODE_HEAP_MIN_MB}..{NODE_HEAP_MAX_MB} MiB 
 so three nodes fit a 2-core, 24 GB machine; a single broker's heap is 256..1024 MiB.
 stop and status act on the whole cluster; kill, pause, resume and restart take --node N
 (SIGKILL, SIGSTOP, SIGCONT of that node's JVM; restart = stop if running, then start).
+
+`start --nodes 3 --faultable` puts every node's traffic behind Toxiproxy, one proxy per link:
+clients (consumers, readers, admin), member (one member to fault alone: its own bootstrap),
+talker (the chunk producer: its own bootstrap) and peers (replication and the controller
+quorum); start prints the clients, member and talker bootstraps, one per line. `net --node N
+--link L` then slows, cuts or resets that link (or heals it), so an operator can rehearse a
+network failure of their own pipeline; `net` alone prints what each link does now. Toxiproxy is
+built by scripts/bootstrap.sh (Go's `go install`, cached).
 """
 
 EPILOG = f"""\
@@ -59,6 +77,11 @@ examples:
   codeclog broker kill --node 2 --data-dir /tmp/c3     # SIGKILL node 2 (a fault drill)
   codeclog broker restart --node 2 --data-dir /tmp/c3  # back, same ports and data
   codeclog broker pause --node 1 --data-dir /tmp/c3    # SIGSTOP; `resume --node 1` to SIGCONT
+  codeclog broker start --nodes 3 --faultable --data-dir /tmp/f3  # links through Toxiproxy
+  codeclog broker net --node 2 --link clients --latency-ms 800 --jitter-ms 200 --data-dir /tmp/f3
+  codeclog broker net --node 1 --link peers --down --data-dir /tmp/f3  # node 1 cut from peers
+  codeclog broker net --node 1 --link peers --heal --data-dir /tmp/f3
+  codeclog broker net --data-dir /tmp/f3               # what every link does now
 
 environment:
   {ENV_DATA_DIR}    default data dir (else {default_data_dir()})
@@ -90,6 +113,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             action.add_argument(
                 "--node", type=int, required=True, metavar="N", help="the node id (1..nodes)"
             )
+        if name == "net":
+            _add_net_options(action)
         action.set_defaults(func=_guarded(func))
 
 
@@ -136,6 +161,37 @@ def _add_start_options(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="give up if the broker is not serving requests after this long (default 60)",
     )
+    parser.add_argument(
+        "--faultable",
+        action="store_true",
+        help="with --nodes: every node's links (clients, talker, peers) run through Toxiproxy, "
+        "so `broker net` can slow, cut or reset them; plaintext only; chosen at the first start",
+    )
+
+
+def _add_net_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node", type=int, metavar="N", help="the node id (1..nodes)")
+    parser.add_argument(
+        "--link",
+        choices=LINKS,
+        help="clients (consumers, readers, admin to the node), member (one consumer member "
+        "given this link's bootstrap, to fault it alone), talker (the chunk producer to the "
+        "node) or peers (the other nodes to it: replication and the controller quorum)",
+    )
+    fault = parser.add_mutually_exclusive_group()
+    fault.add_argument(
+        "--latency-ms", type=int, metavar="MS", help="hold every byte MS ms, both directions"
+    )
+    fault.add_argument(
+        "--down", action="store_true", help="a black hole: connections stay open, nothing passes"
+    )
+    fault.add_argument(
+        "--reset", action="store_true", help="reset every connection a few ms after it opens"
+    )
+    fault.add_argument("--heal", action="store_true", help="the link back to normal")
+    parser.add_argument(
+        "--jitter-ms", type=int, default=0, metavar="J", help="with --latency-ms: +- J ms"
+    )
 
 
 def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -179,7 +235,10 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
         start_timeout_s=getattr(args, "timeout_s", 60.0) * 2,  # three JVMs share the cores
         security=getattr(args, "security", None),
     )
-    return LocalCluster(_data_dir(args), getattr(args, "nodes", None), settings)
+    faultable = bool(getattr(args, "faultable", False))
+    return LocalCluster(
+        _data_dir(args), getattr(args, "nodes", None), settings, faultable=faultable
+    )
 
 
 def _is_cluster(args: argparse.Namespace) -> bool:
@@ -198,6 +257,10 @@ def _start(args: argparse.Namespace) -> int:
         )
         _print_role_configs({user: str(path) for user, path in cluster.role_configs().items()})
         print(layout.bootstrap)
+        if layout.faultable:
+            _progress("faultable: then the member link's bootstrap and the talker's")
+            print(layout.link_bootstrap("member"))
+            print(layout.link_bootstrap("talker"))
         return 0
     state = _broker(args).start(_progress)
     _progress(f"broker ready in {time.monotonic() - started:.1f} s; log: {state.log_path}")
@@ -319,6 +382,47 @@ def _node_action(args: argparse.Namespace) -> int:
     return 0
 
 
+def _net(args: argparse.Namespace) -> int:
+    if not LocalCluster.holds_cluster(_data_dir(args)):
+        raise LinkUsageError(
+            f"{_data_dir(args)} holds no local cluster: `net` acts on the links of a cluster "
+            "started with `codeclog broker start --nodes 3 --faultable`"
+        )
+    cluster = _cluster(args)
+    fault = _net_fault(args)
+    if fault is None:
+        print(format_links(cluster.link_faults()))
+        return 0
+    if args.node is None or args.link is None:
+        raise LinkUsageError("a fault names its --node and its --link")
+    cluster.net(args.node, args.link, fault, _progress)
+    return 0
+
+
+def _net_fault(args: argparse.Namespace) -> Fault | None:
+    """The fault the options ask for; None: only show the links."""
+    if args.latency_ms is not None:
+        if args.latency_ms < 0 or args.jitter_ms < 0:
+            raise LinkUsageError("--latency-ms and --jitter-ms must be >= 0")
+        return latency(args.latency_ms, args.jitter_ms)
+    if args.jitter_ms:
+        raise LinkUsageError("--jitter-ms goes with --latency-ms")
+    chosen = {"down": DOWN, "reset": RESET, "heal": HEAL}
+    return next((fault for flag, fault in chosen.items() if getattr(args, flag)), None)
+
+
+def format_links(faults: dict[tuple[int, str], list[str]]) -> str:
+    rows = [("NODE", "LINK", "FAULT")]
+    rows += [
+        (str(node), link, "; ".join(toxics) or "healthy")
+        for (node, link), toxics in sorted(faults.items())
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    return "\n".join(
+        f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}" for row in rows
+    )
+
+
 def _fetch(_args: argparse.Namespace) -> int:
     print(JarFetcher().ensure(_progress))
     return 0
@@ -333,5 +437,6 @@ _ACTIONS: tuple[tuple[str, str, Callable[[argparse.Namespace], int]], ...] = (
     ("pause", "SIGSTOP one node's JVM of a local cluster (it answers nothing)", _node_action),
     ("resume", "SIGCONT a paused node of a local cluster", _node_action),
     ("restart", "stop one node of a local cluster if it runs, then start it again", _node_action),
+    ("net", "slow, cut, reset or heal one link of a faultable cluster's node", _net),
 )
 _NODE_ACTIONS = ("kill", "pause", "resume", "restart")

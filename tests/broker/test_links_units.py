@@ -1,0 +1,149 @@
+"""A faultable cluster without starting one: its layout and properties (every listener on its
+real port, every address advertised at its proxy), the faults as Toxiproxy toxics, and the
+`broker net` / `broker start --faultable` refusals (one line, exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from codeclog.cli import main
+from codeclog.devtools.cluster import ClusterLayout, LocalCluster, render_cluster_properties
+from codeclog.devtools.links import (
+    DOWN,
+    HEAL,
+    LISTENERS,
+    RESET,
+    LinkUsageError,
+    apply,
+    describe_toxic,
+    find_server,
+    latency,
+)
+
+
+def _ports() -> Any:
+    counter = iter(range(30_000, 31_000))
+    return lambda: next(counter)
+
+
+def test_a_faultable_node_binds_its_real_ports_and_advertises_its_proxies(tmp_path: Path) -> None:
+    layout = ClusterLayout.fresh(3, "id", _ports(), faultable=True)
+    assert ClusterLayout.from_json(layout.to_json()) == layout
+    props = dict(
+        line.split("=", 1)
+        for line in render_cluster_properties(layout, 2, tmp_path).splitlines()
+        if "=" in line
+    )
+    links = layout.node_links(2)
+    for name in LISTENERS:
+        assert f"{name}://127.0.0.1:{links.real(name)}" in props["listeners"]
+    assert "CONTROLLER" not in props["advertised.listeners"]
+    assert f"TALKER://127.0.0.1:{links.advertised('TALKER')}" in props["advertised.listeners"]
+    assert props["inter.broker.listener.name"] == "REPLICATION"
+    voters = props["controller.quorum.voters"].split(",")  # the quorum meets through proxies
+    assert voters[1] == f"2@127.0.0.1:{links.advertised('CONTROLLER')}"
+    assert layout.bootstrap.split(",")[1] == f"127.0.0.1:{links.advertised('CLIENTS')}"
+    assert layout.link_bootstrap("talker") != layout.link_bootstrap("member") != layout.bootstrap
+
+
+def test_a_plain_cluster_has_no_links() -> None:
+    layout = ClusterLayout.fresh(3, "id", _ports())
+    assert not layout.faultable and ClusterLayout.from_json(layout.to_json()) == layout
+    with pytest.raises(LinkUsageError, match="not started faultable"):
+        layout.node_links(1)
+
+
+class _Recorded:
+    def __init__(self) -> None:
+        self.toxics: dict[str, list[dict[str, Any]]] = {}
+
+    def heal(self, proxy: str) -> None:
+        self.toxics[proxy] = []
+
+    def add(self, proxy: str, kind: str, attributes: dict[str, int], stream: str) -> None:
+        toxic = {"type": kind, "stream": stream, "attributes": attributes}
+        self.toxics.setdefault(proxy, []).append(toxic)
+
+
+@pytest.mark.parametrize(
+    ("fault", "kinds", "shown"),
+    [
+        (latency(600, 400), ["latency", "latency"], "latency 600 ms +- 400 ms"),
+        (DOWN, ["timeout", "timeout"], "down (a black hole)"),
+        (RESET, ["reset_peer"], "connections reset"),
+        (HEAL, [], ""),
+    ],
+)
+def test_each_fault_is_its_toxics_and_replaces_the_last(
+    fault: Any, kinds: list[str], shown: str
+) -> None:
+    toxiproxy = _Recorded()
+    apply(toxiproxy, ["n1-clients"], DOWN)  # type: ignore[arg-type]
+    apply(toxiproxy, ["n1-clients"], fault)  # type: ignore[arg-type]
+    toxics = toxiproxy.toxics["n1-clients"]
+    assert [t["type"] for t in toxics] == kinds
+    assert {describe_toxic(t) for t in toxics} == ({shown} if shown else set())
+
+
+def _write_cluster(folder: Path, faultable: bool) -> None:
+    folder.mkdir()
+    layout = ClusterLayout.fresh(3, "id", _ports(), faultable=faultable)
+    (folder / "cluster.json").write_text(layout.to_json())
+
+
+def _net(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(["broker", "net", *args])
+    return code, capsys.readouterr().err
+
+
+def test_net_refuses_what_it_cannot_do_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain, faultable = tmp_path / "plain", tmp_path / "faultable"
+    _write_cluster(plain, faultable=False)
+    _write_cluster(faultable, faultable=True)
+    cases = [
+        (["--node", "1", "--link", "peers", "--down", "--data-dir", str(plain)], "not started"),
+        (["--node", "7", "--link", "peers", "--down", "--data-dir", str(faultable)], "node 7"),
+        (["--node", "1", "--down", "--data-dir", str(faultable)], "--node and its --link"),
+        (["--data-dir", str(tmp_path / "none")], "holds no local cluster"),
+        (["--node", "1", "--link", "talker", "--jitter-ms", "5", "--data-dir", str(faultable)],
+         "--jitter-ms goes with --latency-ms"),
+    ]  # fmt: skip
+    for args, words in cases:
+        code, err = _net(capsys, *args)
+        assert code == 2 and words in err and err.count("\n") == 1, (args, err)
+    with pytest.raises(SystemExit) as unknown:  # argparse: an unknown link is a bad option
+        main(["broker", "net", "--node", "1", "--link", "bogus", "--data-dir", str(faultable)])
+    assert unknown.value.code == 2
+
+
+def test_without_toxiproxy_a_faultable_start_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CODECLOG_TOXIPROXY", str(tmp_path / "absent"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LinkUsageError, match=r"scripts/bootstrap\.sh"):
+        find_server()
+    code = main(
+        ["broker", "start", "--nodes", "3", "--faultable", "--data-dir", str(tmp_path / "c")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "Toxiproxy" in err and err.count("\n") == 1, err
+
+
+def test_a_faultable_cluster_is_plaintext_only_and_a_plain_one_stays_plain(
+    tmp_path: Path,
+) -> None:
+    from codeclog.devtools.broker import BrokerSettings
+
+    secured = LocalCluster(tmp_path / "s", 3, BrokerSettings(security="scram"), faultable=True)
+    with pytest.raises(LinkUsageError, match="plaintext only"):
+        secured.start()
+    _write_cluster(tmp_path / "plain", faultable=False)
+    with pytest.raises(LinkUsageError, match="not faultable"):
+        LocalCluster(tmp_path / "plain", 3, faultable=True).start()
