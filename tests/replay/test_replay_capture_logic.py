@@ -268,7 +268,7 @@ def test_record_from_message_keeps_everything() -> None:
 def test_progress_line_is_quiet_at_first_then_shows_the_share(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from codeclog.replay.progress import StderrProgress
+    from codeclog.cli.progress import StderrProgress
 
     clock = iter([0.0, 0.5, 10.0, 10.1])
     progress = StderrProgress(lambda: next(clock), "capture", "offsets", "records written")

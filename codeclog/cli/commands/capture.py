@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         spans_json,
         throwaway_group_id,
     )
-    from codeclog.replay.progress import StderrProgress
+    from codeclog.cli.progress import StderrProgress
 
     check_creatable(args.out, "--out file")  # before the cluster: a mistake is told at once
     topic = args.topic or topics_config(args).chunks

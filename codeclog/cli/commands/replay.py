@@ -134,7 +134,7 @@ def _check_args(args: argparse.Namespace) -> None:
 def _replay(args: argparse.Namespace) -> int:
     from codeclog.consumers.stream.fold.machine import Policy
     from codeclog.replay.inputs import load_input
-    from codeclog.replay.progress import StderrProgress
+    from codeclog.cli.progress import StderrProgress
     from codeclog.replay.runner import ReplayOptions, replay, report_json
     from codeclog.replay.summary import format_summary
     from codeclog.replay.wav import write_wavs
