@@ -3,7 +3,7 @@ VENV ?= $(or $(CODECLOG_VENV),$(HOME)/.cache/codeclog/venv)
 PY := $(VENV)/bin/python
 export CODECLOG_VENV := $(VENV)
 
-.PHONY: setup demo test nightly lint typecheck unit bench fixture clean
+.PHONY: setup demo test quick lint typecheck unit bench fixture clean
 
 setup:
 	@bash scripts/bootstrap.sh >/dev/null
@@ -19,6 +19,7 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
+# everything: what CI (.ci/run) runs
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -26,8 +27,9 @@ test: setup
 	$(PY) -m mypy
 	$(PY) -m pytest -q --durations=25
 
-nightly: setup
-	CODECLOG_NIGHTLY=1 $(PY) -m pytest -q --durations=25
+# a shorter local run: the long tier (a minute or more per test) left out
+quick: setup
+	CODECLOG_QUICK=1 $(PY) -m pytest -q --durations=25
 
 unit: setup
 	$(PY) -m pytest -q -m "not kafka"

@@ -20,7 +20,7 @@ SILENCE = (4218,) * 3
 # ~20 s (two members' group joins and idle waits); CI covers the same refusal on
 # Recovery._rebuild itself: tests/consumer/test_engine_fit.py::
 # test_recovery_refuses_a_causal_stream_before_decoding_anything
-@pytest.mark.nightly
+@pytest.mark.long
 def test_a_noncausal_member_refuses_the_open_streams_of_a_causal_member(
     stack: Any, tiny_engine: Any
 ) -> None:

@@ -152,7 +152,7 @@ def _open_audio_transaction(stack: Any, admin: AdminClient) -> bool:
 # Nightly: 86 s, and on an idle machine its catch of an open transaction races a fast consumer
 # (it failed once in CI runs with a batch published at once); CI keeps the abort below
 # (test_an_aborted_transaction_plays_once_speculatively_and_never_committed), deterministic.
-@pytest.mark.nightly
+@pytest.mark.long
 def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     stack: Any, tiny_engine: Any
 ) -> None:

@@ -416,7 +416,7 @@ def test_strict_policy_stops_at_the_first_rejection(stack: Any, tiny_engine: Any
     assert [d.reason for d in _dead_letters(stack)] == ["chunk_below_lookahead_window"]
 
 
-@pytest.mark.nightly  # the one-line exit is unit-tested in test_service_liveness.py
+@pytest.mark.long  # the one-line exit is unit-tested in test_service_liveness.py
 def test_a_fenced_member_ends_with_one_line_and_exit_1(stack: Any, tiny_engine: Any) -> None:
     """A second member with the same instance id fences the first (init_transactions bumps the
     epoch): the first ends with one line naming the fence and exit 1, no traceback."""

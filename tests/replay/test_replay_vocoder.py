@@ -115,7 +115,7 @@ def test_causal_hift_replay_follows_scheme_b_and_its_pinned_bytes(run_cli: RunCl
         assert request["audio"]["sha256"] == CAUSAL_R1_SHA256[domain]
 
 
-@pytest.mark.nightly  # ~15 s; CI: test_causal_hift_replay_follows_scheme_b_and_its_pinned_bytes
+@pytest.mark.long  # ~15 s; CI: test_causal_hift_replay_follows_scheme_b_and_its_pinned_bytes
 def test_causal_hift_replay_is_identical_in_two_processes(run_cli: RunCli) -> None:
     """One replay in a subprocess and one in this process (another global RNG state, other
     imports): the same report bytes."""

@@ -141,7 +141,7 @@ def _with_audio(run: InputRun, pcm: dict[Policy, dict[str, bytes]]) -> InputRun:
 
 
 def test_audio_plays_inline_with_its_waveform(browser: Browser, tmp_path: Path) -> None:
-    # The audio of a real vocoder is the nightly test below; here, PCM made up for the page
+    # The audio of a real vocoder is the long test below; here, PCM made up for the page
     options = ReportOptions(vocoder="tiny")
     run = run_input("A", load_input(SCENARIOS[1]), ReportOptions())
     tone = bytes(range(256)) * 240  # 1.28 s of a sawtooth-like 16-bit signal
@@ -159,7 +159,7 @@ def test_audio_plays_inline_with_its_waveform(browser: Browser, tmp_path: Path) 
     page.close()
 
 
-@pytest.mark.nightly  # CI: test_audio_plays_inline_with_its_waveform (made-up PCM, no torch)
+@pytest.mark.long  # CI: test_audio_plays_inline_with_its_waveform (made-up PCM, no torch)
 @pytest.mark.vocoder
 @pytest.mark.slow
 def test_a_vocoded_report_plays_each_policys_audio(browser: Browser, tmp_path: Path) -> None:

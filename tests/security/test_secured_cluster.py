@@ -60,7 +60,7 @@ def _runner(
     return run
 
 
-@pytest.mark.nightly  # 110 s of CI; test_security_units checks the secured node properties, the
+@pytest.mark.long  # 110 s of CI; test_security_units checks the secured node properties, the
 # single secured broker (tests/security, in CI) the same roles, ACLs and refusals
 def test_every_role_does_its_job_on_a_secured_cluster_through_a_node_kill(
     secured_cluster: LocalCluster, unique_name: Callable[[str], str], tmp_path: Path

@@ -36,7 +36,7 @@ print(digest.hexdigest())
 
 
 # ~70 s of CPU under emulation (half of it importing torch); minutes on a loaded 2-core box
-@pytest.mark.nightly  # 64 s of CI; the scheme-A cross-CPU test stays in CI
+@pytest.mark.long  # 64 s of CI; the scheme-A cross-CPU test stays in CI
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_portable_causal_hift_bytes_are_the_same_on_an_emulated_intel_cpu() -> None:
     qemu = _qemu()

@@ -78,6 +78,6 @@ def test_portable_golden_bytes_are_the_same_on_an_emulated_intel() -> None:
     _same_bytes_under(EMULATED_CPUS[0])
 
 
-@pytest.mark.nightly  # 40-50 s more of CI; the Intel model above runs the same kernels in CI
+@pytest.mark.long  # 40-50 s more of CI; the Intel model above runs the same kernels in CI
 def test_portable_golden_bytes_are_the_same_on_an_emulated_amd() -> None:
     _same_bytes_under(EMULATED_CPUS[1])

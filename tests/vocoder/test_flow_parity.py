@@ -335,7 +335,7 @@ def test_full_size_keys_and_shapes_equal_upstream(upstream: Upstream) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.nightly  # 29 s of CI; the tiny streams above run the same code, and the full-size
+@pytest.mark.long  # 29 s of CI; the tiny streams above run the same code, and the full-size
 # keys and shapes are checked against upstream in CI
 def test_full_size_stream_matches_upstream_streaming_path(upstream: Upstream) -> None:
     # Full sizes; 3 Euler steps instead of 10 keep this near a minute on 2 cores (the solver

@@ -194,7 +194,7 @@ def child(*args: str) -> dict[str, object]:
 
 
 @pytest.mark.slow
-@pytest.mark.nightly  # 20 s of CI; test_engine_processes runs two seeds in two processes, and the
+@pytest.mark.long  # 20 s of CI; test_engine_processes runs two seeds in two processes, and the
 # SIGKILL tests restore states in fresh processes and verify the bytes
 def test_two_processes_with_different_global_seeds_give_identical_bytes(tmp_path: Path) -> None:
     saved = tmp_path / "after_window_2.state"
