@@ -9,7 +9,7 @@ independent fold of the decoded events), each carrying the record's raw bytes an
 itself encodable for the DLQ topic. With a cheap engine, the audio chunks are exactly the fold's
 decode windows.
 
-Depth: CODECLOG_PROPERTY_EXAMPLES (default 60) sets max_examples; a nightly run sets it to a few
+Depth: CODECLOG_PROPERTY_EXAMPLES (default 60) sets max_examples; a deeper run sets it to a few
 thousand (`CODECLOG_PROPERTY_EXAMPLES=5000 pytest tests/consumer/test_pipeline_properties.py`).
 """
 
@@ -37,8 +37,9 @@ from codeclog.consumers.stream.pipeline import (
 )
 from codeclog.kafka.records import InputRecord, Position
 from codeclog.schemas import wire
-from codeclog.schemas.records import AudioChunk, CodecChunk, ControlEvent, ControlKind, DeadLetter
+from codeclog.schemas.records import AudioChunk, CodecChunk, ControlEvent, DeadLetter
 from codeclog.testing.upstream_streams import realistic_events
+from tests.schemas.strategies import Draws, records_of
 
 EXAMPLES = int(os.environ.get("CODECLOG_PROPERTY_EXAMPLES", "60"))
 PROPERTY_SETTINGS = settings(
@@ -83,57 +84,18 @@ codes = st.one_of(
     st.builds(lambda c, n: (c,) * n, st.integers(0, 6560), st.integers(100, 30_000)),
     st.builds(lambda s, n: tuple((s + i) % 6561 for i in range(n)), INT32, st.integers(0, 20_000)),
 )
-chunks = st.builds(
-    CodecChunk,
-    request_id=request_ids,
+DRAWS = Draws(
+    int32=INT32,
+    int64=INT64,
+    text=st.text(max_size=8),
+    blob=st.binary(max_size=16),
+    request_ids=request_ids,
     codes=codes,
-    cache_epoch=INT32,
-    chunk_seq=INT32,
-    code_flat_numel=st.none() | INT32,
-    codec_chunk_frames=INT32,
-    codec_left_context_frames=INT32,
-    last_chunk=st.booleans(),
-    tts_is_last_chunk=st.booleans(),
-    turn_end=st.booleans(),
-    duplex_epoch=INT64,
-    duplex_turn_id=INT64,
-    llm_output_text_utf8=st.binary(max_size=16),
-    segment_end=st.booleans(),
-    ref_audio=st.none() | st.binary(max_size=16),
-    ref_audio_sr=st.none() | INT32,
-    prompt_cache_id=st.none() | st.text(max_size=4),
-    produced_at_ms=INT64,
-    producer_id=st.text(max_size=4),
+    int_lists=st.lists(INT32, max_size=4).map(tuple),
 )
-controls = st.builds(
-    ControlEvent,
-    request_id=request_ids,
-    kind=st.sampled_from(ControlKind),
-    reason=st.text(max_size=8),
-    produced_at_ms=INT64,
-)
-other_records = st.one_of(  # valid wire records that are not pipeline input
-    st.builds(
-        AudioChunk,
-        request_id=request_ids,
-        cache_epoch=INT32,
-        chunk_seqs=st.lists(INT32, max_size=4).map(tuple),
-        window_index=INT32,
-        sample_offset=INT64,
-        sample_rate_hz=INT32,
-        pcm_s16le=st.binary(max_size=16),
-        sha256=st.text(max_size=8),
-        final=st.booleans(),
-    ),
-    st.builds(
-        DeadLetter,
-        reason=st.text(max_size=8),
-        source_topic=st.text(max_size=8),
-        source_partition=INT32,
-        source_offset=INT64,
-        raw_value=st.binary(max_size=16),
-    ),
-)
+chunks = records_of(CodecChunk, DRAWS)
+controls = records_of(ControlEvent, DRAWS)
+other_records = st.one_of(records_of(AudioChunk, DRAWS), records_of(DeadLetter, DRAWS))  # not input
 
 
 @st.composite

@@ -19,12 +19,12 @@ from codeclog.consumers.stream.fold.machine import (
     Policy,
     export_request,
     fold,
-    import_request,
     new_state,
     open_requests,
 )
 from codeclog.consumers.stream.fold.outcomes import Outcome, Reject, RejectReason, Release
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
+from tests.fold.restore import restore
 
 WORDS = (10, 11, 12, 13, 14)  # five frames: decoded alone (A4)
 
@@ -109,9 +109,7 @@ def test_an_evicted_request_is_closed_in_its_export() -> None:
     exported = export_request(state, "a")
     assert exported is not None and exported["open"] is False
     assert exported["released"][-1]["end"] == RejectReason.EVICTED.value
-    restored = capped(1)
-    import_request(restored, "a", exported)
-    _, out = fold(restored, chunk("a", 1))
+    _, out = fold(restore(state, ["a"], into=capped(1)), chunk("a", 1))
     assert [o.reason for o in out if isinstance(o, Reject)] == [RejectReason.EVICTED]
 
 
@@ -216,10 +214,6 @@ def test_a_restored_fold_evicts_what_an_uninterrupted_one_does(
     before = capped(cap)
     got = [feed(before, [event]) for event in events[:cut]]
     newest = {event.request_id: index for index, event in enumerate(events[:cut])}
-    after = capped(cap)
-    for rid in sorted(newest, key=newest.__getitem__):
-        exported = export_request(before, rid)
-        if exported is not None:
-            import_request(after, rid, exported)
+    after = restore(before, sorted(newest, key=newest.__getitem__), into=capped(cap))
     got += [feed(after, [event]) for event in events[cut:]]
     assert got == expected

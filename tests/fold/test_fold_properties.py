@@ -18,16 +18,16 @@ from hypothesis import strategies as st
 from codeclog.consumers.stream.fold.machine import (
     FoldConfig,
     Policy,
-    export_request,
     fold,
-    import_request,
     new_state,
     open_requests,
 )
 from codeclog.consumers.stream.fold.outcomes import Decode, Outcome
 from codeclog.consumers.stream.fold.report import ReportBuilder
-from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
+from codeclog.schemas.records import CodecChunk, ControlEvent
 from codeclog.testing.upstream_streams import StreamShape, encode_stream, interleave
+from tests.fold.restore import restore
+from tests.schemas.strategies import Draws, records_of
 
 Event = CodecChunk | ControlEvent
 PROPERTY_SETTINGS = settings(
@@ -47,35 +47,16 @@ REPORT_KEYS = {
 # ---- arbitrary events: any ints (small ones collide, so the state machine is exercised) ----
 any_int = st.one_of(st.integers(-2, 5), st.integers())
 request_ids = st.one_of(st.sampled_from(["a", "b", ""]), st.text(max_size=4))
-arbitrary_chunks = st.builds(
-    CodecChunk,
-    request_id=request_ids,
+ARBITRARY = Draws(
+    int32=any_int,
+    int64=any_int,
+    text=st.text(max_size=4),
+    blob=st.binary(max_size=8),
+    request_ids=request_ids,
     codes=st.lists(st.one_of(st.integers(0, 6560), st.integers()), max_size=32).map(tuple),
-    cache_epoch=any_int,
-    chunk_seq=any_int,
-    code_flat_numel=st.one_of(st.none(), any_int),
-    codec_chunk_frames=any_int,
-    codec_left_context_frames=any_int,
-    last_chunk=st.booleans(),
-    tts_is_last_chunk=st.booleans(),
-    turn_end=st.booleans(),
-    duplex_epoch=any_int,
-    duplex_turn_id=any_int,
-    llm_output_text_utf8=st.binary(max_size=8),
-    segment_end=st.booleans(),
-    ref_audio=st.one_of(st.none(), st.binary(max_size=8)),
-    ref_audio_sr=st.one_of(st.none(), any_int),
-    prompt_cache_id=st.one_of(st.none(), st.text(max_size=4)),
-    produced_at_ms=any_int,
-    producer_id=st.text(max_size=4),
 )
-arbitrary_controls = st.builds(
-    ControlEvent,
-    request_id=request_ids,
-    kind=st.sampled_from(ControlKind),
-    reason=st.text(max_size=4),
-    produced_at_ms=any_int,
-)
+arbitrary_chunks = records_of(CodecChunk, ARBITRARY)
+arbitrary_controls = records_of(ControlEvent, ARBITRARY)
 arbitrary_events = st.lists(st.one_of(arbitrary_chunks, arbitrary_controls), max_size=40)
 policies = st.sampled_from(Policy)
 
@@ -264,11 +245,7 @@ def test_export_import_continues_identically(
     original = new_state()
     for event in events[:cut]:
         original, _ = fold(original, event)
-    restored = new_state()
-    for rid in {event.request_id for event in events}:
-        exported = export_request(original, rid)
-        if exported is not None:
-            import_request(restored, rid, json.loads(json.dumps(exported)))
+    restored = restore(original, {event.request_id for event in events}, into=new_state())
     assert sorted(open_requests(restored)) == sorted(open_requests(original))
     for event in rest:
         original, expected = fold(original, event)
