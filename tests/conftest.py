@@ -5,6 +5,8 @@
   for it), fetching the jars first if needed, and stops it when the session ends. If it cannot
   start, every test using it ERRORs with the reason and the broker log tail.
 - `unique_name` (function): a factory, prefix -> a topic/group name unique to this test run.
+- `new_topic` (function): a factory, (prefix, partitions) -> a topic created on the broker of
+  `kafka_bootstrap` with such a name, deleted when the test ends.
 
 Tests that need the broker are marked `@pytest.mark.kafka`; skip them with `-m "not kafka"` or by
 setting CODECLOG_SKIP_KAFKA=1.
@@ -18,6 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.cli.config import ENV_BOOTSTRAP
 from codeclog.devtools.broker import BrokerSettings, BrokerStartError, BrokerState, LocalBroker
@@ -129,6 +132,25 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
         return f"{_kafka_safe(prefix)}-{test}-{uuid.uuid4().hex[:12]}"
 
     return make
+
+
+@pytest.fixture
+def new_topic(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> Iterator[Callable[..., str]]:
+    """(prefix, partitions=1) -> the name of a new topic (replication 1), deleted at the end."""
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    created: list[str] = []
+
+    def make(prefix: str, partitions: int = 1) -> str:
+        name = unique_name(prefix)
+        admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        admin.delete_topics(created)
 
 
 def _kafka_safe(text: str) -> str:

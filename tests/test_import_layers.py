@@ -6,7 +6,6 @@ each kind of violation breaks them, on a copy of the tree with probe modules add
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.processes import ROOT, run_in_tree
+
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 # (probe module, its source, the contract that must report it)
@@ -55,16 +55,7 @@ PROBES = [
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     if not LINT_IMPORTS.exists():
         pytest.fail(f"{LINT_IMPORTS} missing: install codeclog[dev] (import-linter)")
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run(
-        [str(LINT_IMPORTS), "--no-cache"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    return run_in_tree([str(LINT_IMPORTS), "--no-cache"], timeout_s=240, root=root)
 
 
 def test_the_tree_keeps_every_contract() -> None:
@@ -103,8 +94,6 @@ def test_the_connector_and_the_service_load_neither_the_tooling_nor_the_command_
         "print(sorted(m for m in sys.modules if m.startswith(('codeclog.devtools', "
         "'codeclog.cli'))))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
+    result = run_in_tree([sys.executable, "-c", code], timeout_s=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 import codeclog.cli as cli
 from codeclog.lag.drain import undrained, wait_drained
@@ -59,12 +58,8 @@ def test_partitions_without_data_need_no_commit() -> None:
 
 
 @pytest.fixture
-def topic(kafka_bootstrap: str, unique_name: Callable[[str], str]) -> Iterator[str]:
-    name = unique_name("drain-chunks")
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=3, replication_factor=1)])[name].result(30)
-    yield name
-    admin.delete_topics([name])
+def topic(new_topic: Callable[..., str]) -> str:
+    return new_topic("drain-chunks", 3)
 
 
 def commit(bootstrap: str, group: str, offsets: list[TopicPartition]) -> None:

@@ -13,7 +13,7 @@ import json
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import (
@@ -57,12 +57,8 @@ def chunk_value(seq: int) -> bytes:
 
 
 @pytest.fixture
-def topic(kafka_bootstrap: str, unique_name: Callable[[str], str]) -> Iterator[str]:
-    name = unique_name("lag-chunks")
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)])[name].result(30)
-    yield name
-    admin.delete_topics([name])
+def topic(new_topic: Callable[..., str]) -> str:
+    return new_topic("lag-chunks")
 
 
 def produce(bootstrap: str, topic: str, first_seq: int, count: int) -> None:
@@ -293,12 +289,8 @@ def test_lag_command_json(
 
 
 @pytest.fixture
-def topic4(kafka_bootstrap: str, unique_name: Callable[[str], str]) -> Iterator[str]:
-    name = unique_name("lag-chunks4")
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=4, replication_factor=1)])[name].result(30)
-    yield name
-    admin.delete_topics([name])
+def topic4(new_topic: Callable[..., str]) -> str:
+    return new_topic("lag-chunks4", 4)
 
 
 def produce_to(bootstrap: str, topic: str, counts: dict[int, int]) -> None:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.processes import run_in_tree
+
 CHECK = (
     "import sys\n"
     "import {module}\n"
@@ -17,16 +15,9 @@ CHECK = (
 
 
 def _loaded_by(module: str, forbidden: tuple[str, ...]) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK.format(module=module, forbidden=forbidden)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-        check=True,
-    )
+    code = CHECK.format(module=module, forbidden=forbidden)
+    done = run_in_tree([sys.executable, "-c", code], timeout_s=120)
+    done.check_returncode()
     return done.stdout.strip()
 
 

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 
-from codeclog.vocoder.flow import FlowState, Token2WavFlow
+from codeclog.vocoder.flow import FlowConfig, FlowState, Token2WavFlow
 
 PROMPT_TOKENS = 12
+
+
+def tiny_flow(**changes: Any) -> Token2WavFlow:
+    """The tiny flow, its config changed by `changes` (e.g. fewer ODE steps: n_timesteps=4)."""
+    return Token2WavFlow(dataclasses.replace(FlowConfig.tiny(), **changes))
+
+
+def random_ids(seed: int, *shape: int) -> torch.Tensor:
+    """Seeded codec ids (0..6560) of `shape`."""
+    return torch.randint(0, 6561, shape, generator=torch.Generator().manual_seed(seed))
 
 
 def prompt(flow: Token2WavFlow, seed: int, tokens: int = PROMPT_TOKENS) -> FlowState:

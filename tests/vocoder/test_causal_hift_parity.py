@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.nn.utils import parametrize
 
 from codeclog.vocoder.causal_hift import (
     CausalHiftCache,
@@ -37,7 +36,7 @@ from codeclog.vocoder.causal_hift import (
     emitted_samples,
     initialise_causal_hift,
 )
-from codeclog.vocoder.hift import Snake
+from tests.vocoder.hift_helpers import randomise_gains
 from tests.vocoder.reference import causal_upstream
 
 pytestmark = pytest.mark.vocoder
@@ -53,14 +52,7 @@ def upstream() -> tuple[Any, Any, Any]:
 
 def parity_weights(model: CausalHiFTGenerator, seed: int) -> None:
     initialise_causal_hift(model, seed)
-    generator = torch.Generator().manual_seed(10_000 + seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, Snake):
-                module.alpha.uniform_(0.5, 2.0, generator=generator)
-            elif parametrize.is_parametrized(module, "weight"):
-                gain = module.parametrizations["weight"].original0
-                gain.mul_(torch.empty_like(gain).uniform_(0.8, 1.25, generator=generator))
+    randomise_gains(model, seed)
 
 
 _BUILT: dict[tuple[int, CausalHiftConfig], nn.Module] = {}

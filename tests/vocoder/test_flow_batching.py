@@ -23,19 +23,14 @@ from codeclog.vocoder.flow import (
     canonical_windows,
 )
 from codeclog.vocoder.flow.stable import StableConv1d, stable_linear
-from tests.vocoder.flow_helpers import PROMPT_TOKENS, prompt
+from tests.vocoder.flow_helpers import PROMPT_TOKENS, prompt, random_ids
 
 pytestmark = pytest.mark.vocoder
 
 
-@pytest.fixture(scope="module")
-def flow() -> Token2WavFlow:
-    return Token2WavFlow(dataclasses.replace(FlowConfig.tiny(), n_timesteps=4))
-
-
 def stream(seed: int, length: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 6561, (length,), generator=g).tolist()
+    ids: list[int] = random_ids(seed, length).tolist()
+    return ids
 
 
 def solo_run(flow: Token2WavFlow, state: FlowState, ids: Sequence[int]) -> list[bytes]:

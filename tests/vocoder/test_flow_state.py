@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,27 +16,19 @@ pytest.importorskip("torch")
 import torch
 
 from codeclog.vocoder.flow import (
-    FlowConfig,
     FlowState,
     FlowStateError,
     Token2WavFlow,
     canonical_windows,
 )
-from tests.vocoder.flow_helpers import prompt
+from tests.processes import run_in_tree
+from tests.vocoder.flow_helpers import prompt, random_ids
 
 pytestmark = pytest.mark.vocoder
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def flow() -> Token2WavFlow:
-    return Token2WavFlow(dataclasses.replace(FlowConfig.tiny(), n_timesteps=4))
-
 
 def windows(seed: int) -> list[tuple[tuple[int, ...], bool]]:
-    ids = torch.randint(0, 6561, (5 * 25 + 3 + 6,), generator=torch.Generator().manual_seed(seed))
-    return canonical_windows(ids.tolist())
+    return canonical_windows(random_ids(seed, 5 * 25 + 3 + 6).tolist())
 
 
 def run(
@@ -177,16 +166,7 @@ print(json.dumps({"mel": digests, "state": hashlib.sha256(state.to_bytes()).hexd
 
 
 def child(*args: str) -> dict[str, object]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=240,
-        check=False,
-    )
+    done = run_in_tree([sys.executable, "-c", CHILD, *args], timeout_s=240, OMP_NUM_THREADS="1")
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert isinstance(result, dict)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 pytest.importorskip("torch")
@@ -13,25 +11,24 @@ import torch
 from codeclog.vocoder.errors import VocoderInputError
 from codeclog.vocoder.flow import (
     ConformerTrim,
-    FlowConfig,
     FlowInputError,
     FlowRejectReason,
     FlowState,
     Token2WavFlow,
     canonical_windows,
 )
-from tests.vocoder.flow_helpers import PROMPT_TOKENS, prompt
+from tests.vocoder.flow_helpers import PROMPT_TOKENS, prompt, random_ids, tiny_flow
 
 pytestmark = pytest.mark.vocoder
 
 
 @pytest.fixture(scope="module")
 def flow() -> Token2WavFlow:
-    return Token2WavFlow(FlowConfig.tiny())
+    return tiny_flow()
 
 
 def ids(seed: int, count: int, batch: int = 1) -> torch.Tensor:
-    return torch.randint(0, 6561, (batch, count), generator=torch.Generator().manual_seed(seed))
+    return random_ids(seed, batch, count)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +115,7 @@ def test_one_fresh_frame_window_can_continue(flow: Token2WavFlow, setup_state: F
 
 @pytest.mark.parametrize("trim", list(ConformerTrim), ids=[t.value for t in ConformerTrim])
 def test_state_stops_growing_at_prompt_plus_keep_frames(trim: ConformerTrim) -> None:
-    flow = Token2WavFlow(dataclasses.replace(FlowConfig.tiny(), conformer_trim=trim, n_timesteps=2))
+    flow = tiny_flow(conformer_trim=trim, n_timesteps=2)
     state = prompt(flow, seed=6)
     limit = state.prompt_frames + flow.config.att_keep_frames
     sizes = []
@@ -191,14 +188,14 @@ def test_empty_batch_is_refused(flow: Token2WavFlow) -> None:
 
 
 def test_state_of_another_config_is_refused(flow: Token2WavFlow) -> None:
-    other = Token2WavFlow(dataclasses.replace(FlowConfig.tiny(), n_timesteps=3))
+    other = tiny_flow(n_timesteps=3)
     with pytest.raises(FlowInputError) as caught:
         flow.decode_chunk_batch([prompt(other, seed=1)], ids(1, 28), False)
     assert caught.value.reason is FlowRejectReason.STATE_SIGNATURE_MISMATCH
 
 
 def test_noise_capacity_is_checked_before_compute() -> None:
-    flow = Token2WavFlow(dataclasses.replace(FlowConfig.tiny(), noise_frames=60))
+    flow = tiny_flow(noise_frames=60)
     state = prompt(flow, seed=1, tokens=10)  # 20 prompt frames
     with pytest.raises(FlowInputError) as caught:
         flow.decode_chunk_batch([state], ids(1, 28), False)  # 20 + 50 > 60
@@ -233,17 +230,17 @@ def test_bad_prompts_are_refused(
 
 def test_building_and_decoding_leave_the_global_rng_alone() -> None:
     before = torch.random.get_rng_state()
-    flow = Token2WavFlow(dataclasses.replace(FlowConfig.tiny(), n_timesteps=2))
+    flow = tiny_flow(n_timesteps=2)
     state = prompt(flow, seed=1)
     flow.decode_chunk_batch([state], ids(1, 28), False)
     assert torch.equal(torch.random.get_rng_state(), before)
 
 
 def test_two_builds_have_identical_weights_and_noise() -> None:
-    a, b = Token2WavFlow(FlowConfig.tiny()), Token2WavFlow(FlowConfig.tiny())
+    a, b = tiny_flow(), tiny_flow()
     assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
     assert torch.equal(a.decoder.noise, b.decoder.noise)
-    reseeded = Token2WavFlow(dataclasses.replace(FlowConfig.tiny(), noise_seed=1))
+    reseeded = tiny_flow(noise_seed=1)
     assert not torch.equal(a.decoder.noise, reseeded.decoder.noise)
 
 

@@ -33,19 +33,18 @@ import numpy as np
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.nn.utils import parametrize
 
 from codeclog.vocoder.hift import (
     HiftCache,
     HiftConfig,
     HiFTGenerator,
-    Snake,
     SourceNoise,
     build_hift,
     initialise_hift,
     stream_step,
     strip_upstream_prefix,
 )
+from tests.vocoder.hift_helpers import randomise_gains
 from tests.vocoder.reference import import_reference
 
 pytestmark = pytest.mark.vocoder
@@ -81,14 +80,7 @@ def parity_weights(model: HiFTGenerator, seed: int) -> None:
     The former `randn * 0.1` weights put F0 at 0.03-0.07 Hz on every frame: the sine source was
     multiplied by 0 and its phase, harmonics and voiced noise were never compared."""
     initialise_hift(model, seed)
-    generator = torch.Generator().manual_seed(10_000 + seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, Snake):
-                module.alpha.uniform_(0.5, 2.0, generator=generator)
-            elif parametrize.is_parametrized(module, "weight"):
-                gain = module.parametrizations["weight"].original0
-                gain.mul_(torch.empty_like(gain).uniform_(0.8, 1.25, generator=generator))
+    randomise_gains(model, seed)
 
 
 def _pair(module: Any, config: HiftConfig, seed: int) -> tuple[nn.Module, HiFTGenerator]:
