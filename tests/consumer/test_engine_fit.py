@@ -26,8 +26,21 @@ class _Calls:
     hift: int = 0
 
 
+class _Silent:
+    """The engine calls, doing nothing."""
+
+    def setup(self, voice: Any = None, seed: int = 0) -> Any:
+        return None
+
+    def decode_batch(self, items: Any) -> list[Any]:
+        return []
+
+    def release(self, state: Any) -> None:
+        pass
+
+
 @dataclasses.dataclass
-class _Rules:
+class _Rules(_Silent):
     """An engine that states every EngineFacts member (so its rules are checked)."""
 
     lookahead_frames: int = 3
@@ -40,15 +53,6 @@ class _Rules:
 
     def default_state_budget_bytes(self) -> int:
         return 1
-
-    def setup(self, voice: Any = None, seed: int = 0) -> Any:
-        return None
-
-    def decode_batch(self, items: Any) -> list[Any]:
-        return []
-
-    def release(self, state: Any) -> None:
-        pass
 
 
 def test_agreeing_rules_pass() -> None:
@@ -81,17 +85,8 @@ def test_the_engine_states_every_fact_the_pipeline_and_the_budget_read(tiny_engi
 
 def test_an_engine_without_the_facts_is_taken_as_it_is() -> None:
     @dataclasses.dataclass
-    class _Bare:
+    class _Bare(_Silent):
         lookahead_frames: int = 2  # stated alone: not EngineFacts, so not checked
-
-        def setup(self, voice: Any = None, seed: int = 0) -> Any:
-            return None
-
-        def decode_batch(self, items: Any) -> list[Any]:
-            return []
-
-        def release(self, state: Any) -> None:
-            pass
 
     assert AudioPipeline(PipelineConfig(), _Bare()).domain == ""
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import IsolationLevel, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from codeclog.consumers.member.service import VocodeConfig, VocoderService
 from codeclog.consumers.readers.listener import AudioListener, Isolation, ListenerChunk
@@ -23,6 +23,7 @@ from codeclog.consumers.readers.verify import actual_audio, expected_audio
 from codeclog.consumers.stream.fold.machine import Policy
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
+from tests.consumer.audio_ends import audio_ends
 from tests.consumer.conftest import LiveTalker
 
 pytestmark = [pytest.mark.kafka]
@@ -134,16 +135,7 @@ class Budget:
 def _open_audio_transaction(stack: Any, admin: AdminClient) -> bool:
     """Some audio partition holds records of an open transaction: its last stable offset is
     below its high watermark (read first, so records arriving in between are not counted)."""
-    tps = [TopicPartition(stack.topics.audio, p) for p in range(stack.topics.partitions)]
-
-    def ends(level: IsolationLevel) -> dict[int, int]:
-        futures = admin.list_offsets(
-            {tp: OffsetSpec.latest() for tp in tps}, isolation_level=level, request_timeout=10
-        )
-        return {tp.partition: future.result().offset for tp, future in futures.items()}
-
-    high = ends(IsolationLevel.READ_UNCOMMITTED)
-    stable = ends(IsolationLevel.READ_COMMITTED)
+    stable, high = audio_ends(stack, admin)
     return any(stable[p] < high[p] for p in high)
 
 

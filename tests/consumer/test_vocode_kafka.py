@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 from confluent_kafka import (
     ConsumerGroupTopicPartitions,
-    IsolationLevel,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient
 
 from codeclog.cli import main
 from codeclog.consumers.member.service import StrictFatalError, VocodeConfig, VocoderService
@@ -27,6 +26,7 @@ from codeclog.kafka.reader import read_partition
 from codeclog.kafka.records import InputRecord, Position
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk, CodecChunk, DeadLetter
+from tests.consumer.audio_ends import audio_ends
 from tests.consumer.conftest import LiveTalker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
@@ -178,22 +178,6 @@ def _restored(stack: Any, process: Any) -> int:
     return len(RESTORED.findall(log)) + fresh
 
 
-def _audio_ends(stack: Any, admin: AdminClient) -> tuple[dict[int, int], dict[int, int]]:
-    """Per audio partition: (last stable offset, high watermark)."""
-    tps = [TopicPartition(stack.topics.audio, p) for p in range(stack.topics.partitions)]
-
-    def ends(level: IsolationLevel) -> dict[int, int]:
-        futures = admin.list_offsets(
-            {tp: OffsetSpec.latest() for tp in tps}, isolation_level=level, request_timeout=10
-        )
-        return {tp.partition: future.result().offset for tp, future in futures.items()}
-
-    # high first: a stable offset read later and still below it is an open transaction then
-    # (the other order sees records that arrived in between as open)
-    high = ends(IsolationLevel.READ_UNCOMMITTED)
-    return ends(IsolationLevel.READ_COMMITTED), high
-
-
 def _committed(stack: Any, admin: AdminClient) -> int:
     """The group's committed chunk offsets, summed: they move only when a transaction commits
     (its offsets and checkpoints are in it), so a rise proves a member left progress behind."""
@@ -207,7 +191,7 @@ def _open_audio_transaction(stack: Any, admin: AdminClient, baseline: dict[int, 
     """Some audio partition holds records of a transaction opened after `baseline` (the high
     watermarks when this member started): its last stable offset is at or past the baseline
     (an earlier member's transaction is resolved) and below the high watermark."""
-    stable, high = _audio_ends(stack, admin)
+    stable, high = audio_ends(stack, admin)
     return any(baseline[p] <= stable[p] < high[p] for p in high)
 
 
@@ -227,7 +211,7 @@ def test_sigkill_at_random_points_keeps_audio_exactly_once(stack: Any, tiny_engi
     interrupted: list[tuple[str, bool]] = []
     admin = AdminClient({"bootstrap.servers": stack.bootstrap})
     for kind in KILLS:
-        baseline = _audio_ends(stack, admin)[1]
+        baseline = audio_ends(stack, admin)[1]
         process = stack.vocode("k", "--max-records", "8", idle_s=30)  # small steps: many commits
         if kind == "during":
             budget.wait(

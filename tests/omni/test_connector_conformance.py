@@ -14,6 +14,7 @@ from codeclog.devtools.broker import pick_free_port
 from codeclog.omni.connector import CodeclogKafkaConnector
 from codeclog.omni.payload import minicpmo_payload
 from codeclog.schemas.records import CodecChunk
+from tests.omni.equality import payload_equal
 
 pytestmark = pytest.mark.kafka
 WAIT_S = 60.0
@@ -46,16 +47,6 @@ def _wait(receiver: CodeclogKafkaConnector, key: str, frm: str = "1", to: str = 
     return got
 
 
-def _equal(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple):
-        return type(a) is type(b) and len(a) == len(b) and all(map(_equal, a, b))  # type: ignore[arg-type]
-    return type(a) is type(b) and a == b
-
-
 CHUNK = CodecChunk(
     "req_a",
     (4218, 4218, 4218, 7, 8, 9, 10),
@@ -78,8 +69,8 @@ def test_put_then_get_returns_an_equal_payload_once(
     assert ok and meta is not None and meta["record"] == "payload_envelope"
 
     payload, got_size = _wait(receiver, "req_a_1_0")  # type: ignore[misc]
-    assert _equal(payload, codec) and got_size == size
-    assert _equal(_wait(receiver, "req_a_0_0", "0", "1")[0], other)  # type: ignore[index]
+    assert payload_equal(payload, codec) and got_size == size
+    assert payload_equal(_wait(receiver, "req_a_0_0", "0", "1")[0], other)  # type: ignore[index]
     assert receiver.get("1", "2", "req_a_1_0") is None  # handed out once
     health = receiver.health()
     assert health["gets"] == 2 and health["failures"] == 0 and health["status"] == "ok"

@@ -19,27 +19,7 @@ from codeclog.omni.payload import (
 )
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk, PayloadEnvelope
-
-
-def _equal(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor):
-        return (
-            isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and (
-                bool(torch.equal(a, b))
-                if a.dtype != torch.bfloat16
-                else bool(torch.equal(a.float(), b.float()))
-            )
-        )
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple):
-        return type(a) is type(b) and len(a) == len(b) and all(map(_equal, a, b))  # type: ignore[arg-type]
-    return type(a) is type(b) and a == b
+from tests.omni.equality import payload_equal
 
 
 def _round_trip(payload: object, key: str = "r_x_1_3") -> tuple[object, object]:
@@ -80,7 +60,7 @@ def test_a_codec_payload_is_a_codec_chunk_with_the_shape_in_a_header() -> None:
     record = wire.decode(encoded.value)  # type: ignore[attr-defined]
     assert record == dataclasses.replace(CHUNK, produced_at_ms=5)
     assert [name for name, _ in encoded.headers] == [HEADER]  # type: ignore[attr-defined]
-    assert _equal(decoded.payload, payload)  # type: ignore[attr-defined]
+    assert payload_equal(decoded.payload, payload)  # type: ignore[attr-defined]
     # the chunk's values are referenced, not repeated
     envelope = decoded.envelope  # type: ignore[attr-defined]
     assert {e.source for e in envelope.entries if e.source} >= {
@@ -100,7 +80,7 @@ def test_codec_payload_variants_restore_exactly() -> None:
     payload["meta"]["cache_epoch"] = True  # the wrong type: kept inline, chunk default
     payload["meta"]["extra"] = {"nested": (1, [2.5, float("nan")]), "e": {}}
     _encoded, decoded = _round_trip(payload)
-    assert _equal(decoded.payload["meta"]["extra"]["e"], {})  # type: ignore[attr-defined]
+    assert payload_equal(decoded.payload["meta"]["extra"]["e"], {})  # type: ignore[attr-defined]
     restored = decoded.payload  # type: ignore[attr-defined]
     assert restored["codes"]["audio"].shape == (7, 1)
     assert restored["codes"]["audio"].dtype == torch.int32
@@ -108,7 +88,7 @@ def test_codec_payload_variants_restore_exactly() -> None:
     nan = restored["meta"]["extra"]["nested"][1][1]
     assert nan != nan
     restored["meta"]["extra"]["nested"][1][1] = payload["meta"]["extra"]["nested"][1][1] = 0.0
-    assert _equal(restored, payload)
+    assert payload_equal(restored, payload)
     chunk = decoded.chunk  # type: ignore[attr-defined]
     assert chunk.cache_epoch == 0 and chunk.chunk_seq == 3 and chunk.duplex_epoch == -1
 
@@ -118,7 +98,7 @@ def test_a_codec_payload_the_chunk_cannot_carry_goes_as_an_envelope() -> None:
     payload["codes"]["audio"] = torch.tensor([2**40], dtype=torch.int64)  # beyond Avro int
     encoded, decoded = _round_trip(payload)
     assert encoded.record_type == "payload_envelope"  # type: ignore[attr-defined]
-    assert _equal(decoded.payload, payload)  # type: ignore[attr-defined]
+    assert payload_equal(decoded.payload, payload)  # type: ignore[attr-defined]
 
 
 def test_any_other_payload_is_a_typed_envelope() -> None:
@@ -133,9 +113,9 @@ def test_any_other_payload_is_a_typed_envelope() -> None:
     }
     encoded, decoded = _round_trip(payload, key="free-form key")
     assert isinstance(wire.decode(encoded.value), PayloadEnvelope)  # type: ignore[attr-defined]
-    assert _equal(decoded.payload, payload)  # type: ignore[attr-defined]
+    assert payload_equal(decoded.payload, payload)  # type: ignore[attr-defined]
     assert decoded.envelope.chunk_id is None  # type: ignore[attr-defined]
-    assert _equal(_round_trip([1, 2])[1].payload, [1, 2])  # type: ignore[attr-defined]
+    assert payload_equal(_round_trip([1, 2])[1].payload, [1, 2])  # type: ignore[attr-defined]
 
 
 def test_unsendable_payloads_are_refused_with_a_payload_error() -> None:

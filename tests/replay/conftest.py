@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from codeclog.cli import main
-from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
 from codeclog.testing.upstream_streams import realistic_events
+from tests.replay.captures import write_events
 
 
 @pytest.fixture
@@ -30,7 +30,5 @@ def run_cli(capsys: pytest.CaptureFixture[str]) -> Callable[[Sequence[str]], tup
 def synthetic_capture(tmp_path: Path) -> Path:
     """A capture of 20 interleaved 2-turn sessions on 4 partitions, with transaction gaps."""
     events = realistic_events(random.Random(7), sessions=20, turns=2)
-    records = records_from_events(events, partitions=4, txn_records=5)
-    path = tmp_path / "synthetic.ocf"
-    write_capture(path, records, metadata_for(records, partitions=4), block_records=50)
-    return path
+    write_events(tmp_path / "synthetic.ocf", events, 4, txn_records=5, block_records=50)
+    return tmp_path / "synthetic.ocf"

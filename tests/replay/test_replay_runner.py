@@ -20,10 +20,10 @@ from codeclog.consumers.stream.fold.report import build_report
 from codeclog.replay.capture_format import read_capture
 from codeclog.replay.inputs import InputKind, load_input, log_order
 from codeclog.replay.runner import ReplayOptions, replay, report_json
-from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
 from codeclog.replay.wav import wav_name, write_wavs
 from codeclog.schemas.wire import decode
 from codeclog.testing.upstream_streams import realistic_events
+from tests.replay.captures import write_events
 
 RunCli = Callable[[Sequence[str]], tuple[int, str, str]]  # the run_cli fixture
 
@@ -54,11 +54,8 @@ def test_capture_replay_gives_the_outcomes_of_folding_its_events(
 
 def test_undecodable_records_become_dead_letters_not_crashes(tmp_path: Path) -> None:
     events = realistic_events(random.Random(1), sessions=2, turns=1)
-    records = records_from_events(events, partitions=2)
-    records[1] = dataclasses.replace(records[1], value=b"not avro at all")
-    records[2] = dataclasses.replace(records[2], value=None)
     path = tmp_path / "bad.ocf"
-    write_capture(path, records, metadata_for(records, partitions=2))
+    records = write_events(path, events, 2, damaged={1: b"not avro at all", 2: None})
     report = replay(load_input(path), ReplayOptions(Policy.TOLERANT)).report
     assert report["dead_letters"]["by_reason"]["undecodable_record"] == 2
     assert report["events"] == len(records) - 2
@@ -70,9 +67,8 @@ def test_strict_replay_of_a_capture_stops_every_partition_at_the_first_rejection
     events = realistic_events(random.Random(3), sessions=30, turns=2)
     bad = next(i for i, e in enumerate(events) if e.chunk_seq == 1)
     events[bad] = dataclasses.replace(events[bad], chunk_seq=7)  # out of order: S6
-    records = records_from_events(events, partitions=4)
     path = tmp_path / "strict.ocf"
-    write_capture(path, records, metadata_for(records, partitions=4))
+    records = write_events(path, events, 4)
     report = replay(load_input(path), ReplayOptions(Policy.STRICT)).report
     assert report["stage"]["fatal"]["reason"] == "stale_or_reordered_chunk"
     assert report["events"] + report["unprocessed"] == len(records)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
 from codeclog.testing.upstream_streams import realistic_events
+from tests.replay.captures import write_events
 
 RunCli = Callable[[Sequence[str]], tuple[int, str, str]]  # the run_cli fixture
 
@@ -48,11 +48,8 @@ def _replay_json_twice(path: Path) -> tuple[bytes, bytes]:
 @pytest.fixture
 def small_capture(tmp_path: Path) -> Path:
     """Three one-turn sessions on two partitions: enough to batch, small enough for a CPU."""
-    events = realistic_events(random.Random(5), sessions=3, turns=1)
-    records = records_from_events(events, partitions=2)
-    path = tmp_path / "small.ocf"
-    write_capture(path, records, metadata_for(records, partitions=2))
-    return path
+    write_events(tmp_path / "small.ocf", realistic_events(random.Random(5), sessions=3, turns=1), 2)
+    return tmp_path / "small.ocf"
 
 
 def test_two_processes_give_byte_identical_audio() -> None:

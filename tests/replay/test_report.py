@@ -24,10 +24,11 @@ from codeclog.replay.report.timeline import NO_ID, Timeline, build_timeline
 from codeclog.replay.report.writer import write_report
 from codeclog.replay.runner import ReplayOptions, replay
 from codeclog.replay.summary import format_summary
-from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
+from codeclog.replay.synthetic import metadata_for, write_capture
 from codeclog.schemas.records import CodecChunk
 from codeclog.schemas.wire import decode, encode
 from codeclog.testing.upstream_streams import realistic_events
+from tests.replay.captures import write_events
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "data" / "scenarios").glob("*.jsonl"))
 FIVE_MB = 5_000_000
@@ -60,19 +61,14 @@ def test_the_timeline_holds_every_record_and_exactly_the_reports_outcomes(
 
 def _capture(tmp_path: Path, name: str, seed: int = 7, sessions: int = 12) -> Path:
     events = realistic_events(random.Random(seed), sessions=sessions, turns=2)
-    records = records_from_events(events, partitions=4, txn_records=5)
-    path = tmp_path / name
-    write_capture(path, records, metadata_for(records, partitions=4), block_records=50)
-    return path
+    write_events(tmp_path / name, events, 4, txn_records=5, block_records=50)
+    return tmp_path / name
 
 
 def test_a_capture_with_undecodable_records_has_a_mark_for_each_record(tmp_path: Path) -> None:
     events = realistic_events(random.Random(1), sessions=3, turns=1)
-    records = records_from_events(events, partitions=2)
-    records[1] = dataclasses.replace(records[1], value=b"not avro at all")
-    records[4] = dataclasses.replace(records[4], value=None)
     path = tmp_path / "bad.ocf"
-    write_capture(path, records, metadata_for(records, partitions=2))
+    records = write_events(path, events, 2, damaged={1: b"not avro at all", 4: None})
     source = load_input(path)
     timeline = build_timeline(source, Policy.TOLERANT)
     assert len(timeline.marks) == len(records)

@@ -1,0 +1,24 @@
+"""The audio topic's ends, for the tests that catch a transaction while it is open."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+
+def audio_ends(stack: Any, admin: AdminClient) -> tuple[dict[int, int], dict[int, int]]:
+    """Per audio partition of the stack: (last stable offset, high watermark)."""
+    tps = [TopicPartition(stack.topics.audio, p) for p in range(stack.topics.partitions)]
+
+    def ends(level: IsolationLevel) -> dict[int, int]:
+        futures = admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in tps}, isolation_level=level, request_timeout=10
+        )
+        return {tp.partition: future.result().offset for tp, future in futures.items()}
+
+    # high first: a stable offset read later and still below it is an open transaction then
+    # (the other order sees records that arrived in between as open)
+    high = ends(IsolationLevel.READ_UNCOMMITTED)
+    return ends(IsolationLevel.READ_COMMITTED), high
