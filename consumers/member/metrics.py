@@ -26,6 +26,9 @@ class _Noop:
         pass
 
 
+_POWERS = (1, 2, 4, 8, 16, 32, 64, 128)  # histogram buckets for counts per call or step
+
+
 @dataclasses.dataclass
 class VocoderMetrics:
     records: Any
@@ -53,94 +56,73 @@ class VocoderMetrics:
         except ImportError:
             return cls(*(_Noop() for _ in dataclasses.fields(cls)))
         registry = prom.CollectorRegistry()
+        counter, gauge = prom.Counter, prom.Gauge
+
+        def metric(kind: Any, name: str, doc: str, *labels: str, **options: Any) -> Any:
+            return kind(f"codeclog_vocoder_{name}", doc, labels, registry=registry, **options)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] | None = None) -> Any:
+            options = {} if buckets is None else {"buckets": buckets}
+            return metric(prom.Histogram, name, doc, **options)
+
         metrics = cls(
-            records=prom.Counter(
-                "codeclog_vocoder_records", "Input records consumed", registry=registry
-            ),
-            windows=prom.Counter(
-                "codeclog_vocoder_windows", "Decode windows vocoded", registry=registry
-            ),
-            duplicates=prom.Counter(
-                "codeclog_vocoder_duplicate_chunks",
+            records=metric(counter, "records", "Input records consumed"),
+            windows=metric(counter, "windows", "Decode windows vocoded"),
+            duplicates=metric(
+                counter,
+                "duplicate_chunks",
                 "Redelivered chunks recognised as duplicates (the digest of an applied chunk, "
                 "restored checkpoints included) and not decoded again",
-                registry=registry,
             ),
-            batch_size=prom.Histogram(
-                "codeclog_vocoder_batch_size",
-                "Windows per decode_batch call",
-                buckets=(1, 2, 4, 8, 16, 32, 64),
-                registry=registry,
+            batch_size=histogram("batch_size", "Windows per decode_batch call", _POWERS[:7]),
+            decode_seconds=histogram("decode_seconds", "Wall time of one decode step"),
+            rtf=metric(
+                gauge, "rtf", "Real-time factor of the last step (decode seconds / audio seconds)"
             ),
-            decode_seconds=prom.Histogram(
-                "codeclog_vocoder_decode_seconds", "Wall time of one decode step", registry=registry
-            ),
-            rtf=prom.Gauge(
-                "codeclog_vocoder_rtf",
-                "Real-time factor of the last step (decode seconds / audio seconds)",
-                registry=registry,
-            ),
-            open_streams=prom.Gauge(
-                "codeclog_vocoder_open_streams", "Requests with an open stream", registry=registry
-            ),
-            rejections=prom.Counter(
-                "codeclog_vocoder_rejections",
-                "Dead-lettered inputs by reason",
-                ["reason"],
-                registry=registry,
-            ),
-            end_to_end_seconds=prom.Histogram(
-                "codeclog_vocoder_end_to_end_seconds",
+            open_streams=metric(gauge, "open_streams", "Requests with an open stream"),
+            rejections=metric(counter, "rejections", "Dead-lettered inputs by reason", "reason"),
+            end_to_end_seconds=histogram(
+                "end_to_end_seconds",
                 "From a chunk's produced_at to its audio's transaction commit",
-                buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-                registry=registry,
+                (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             ),
-            transactions=prom.Counter(
-                "codeclog_vocoder_transactions",
-                "Kafka transactions by result",
-                ["result"],
-                registry=registry,
-            ),
-            recoveries=prom.Counter(
-                "codeclog_vocoder_recovered_streams",
+            transactions=metric(counter, "transactions", "Kafka transactions by result", "result"),
+            recoveries=metric(
+                counter,
+                "recovered_streams",
                 "Open streams rebuilt from the log after an assignment",
-                registry=registry,
             ),
-            pauses=prom.Counter(
-                "codeclog_vocoder_pauses",
+            pauses=metric(
+                counter,
+                "pauses",
                 "Decode steps during which a whole next batch waited (the assignment was paused)",
-                registry=registry,
             ),
-            paused_partitions=prom.Gauge(
-                "codeclog_vocoder_paused_partitions",
+            paused_partitions=metric(
+                gauge,
+                "paused_partitions",
                 "Partitions paused now because the decoder is saturated",
-                registry=registry,
             ),
-            domain_changes=prom.Counter(
-                "codeclog_vocoder_domain_changes",
+            domain_changes=metric(
+                counter,
+                "domain_changes",
                 "Open streams rebuilt in another determinism domain than their checkpoint's "
                 "(their audio continues within the cross-domain bound, not bytewise)",
-                registry=registry,
             ),
-            evictions=prom.Counter(
-                "codeclog_vocoder_evicted_streams",
+            evictions=metric(
+                counter,
+                "evicted_streams",
                 "Open streams evicted by the per-partition open-stream limit, by the bound "
                 "that set it (state_budget: the member's bytes budget of vocoder states; "
                 "open_stream_cap: --max-open-streams)",
-                ["cause"],
-                registry=registry,
+                "cause",
             ),
-            flow_calls=prom.Histogram(
-                "codeclog_vocoder_flow_calls_per_step",
+            flow_calls=histogram(
+                "flow_calls_per_step",
                 "Flow (conformer + CFM) calls the engine made in one decode step",
-                buckets=(1, 2, 4, 8, 16, 32, 64, 128),
-                registry=registry,
+                _POWERS,
             ),
-            hift_calls=prom.Histogram(
-                "codeclog_vocoder_hift_calls_per_step",
-                "HiFT calls the engine made in one decode step",
-                buckets=(1, 2, 4, 8, 16, 32, 64, 128),
-                registry=registry,
+            hift_calls=histogram(
+                "hift_calls_per_step", "HiFT calls the engine made in one decode step", _POWERS
             ),
         )
         if port is not None:
