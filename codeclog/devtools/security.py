@@ -93,29 +93,14 @@ class Credentials:
 
 @dataclasses.dataclass(frozen=True)
 class SecurityFiles:
-    """Paths of the security material of one data dir."""
+    """Paths of the security material of one data dir (`security_files` names them)."""
 
     root: Path
-
-    @property
-    def ca_keystore(self) -> Path:
-        return self.root / "ca.p12"
-
-    @property
-    def ca_pem(self) -> Path:
-        return self.root / "ca.pem"
-
-    @property
-    def broker_keystore(self) -> Path:
-        return self.root / "broker.p12"
-
-    @property
-    def truststore(self) -> Path:
-        return self.root / "truststore.p12"
-
-    @property
-    def credentials(self) -> Path:
-        return self.root / "credentials.json"
+    ca_keystore: Path
+    ca_pem: Path
+    broker_keystore: Path
+    truststore: Path
+    credentials: Path
 
     def role_properties(self, user: str) -> Path:
         return self.root / f"{user}.properties"
@@ -134,7 +119,15 @@ def check_mode(mode: str) -> str:
 
 
 def security_files(data_dir: Path) -> SecurityFiles:
-    return SecurityFiles(Path(data_dir) / SECURITY_DIR)
+    root = Path(data_dir) / SECURITY_DIR
+    return SecurityFiles(
+        root,
+        ca_keystore=root / "ca.p12",
+        ca_pem=root / "ca.pem",
+        broker_keystore=root / "broker.p12",
+        truststore=root / "truststore.p12",
+        credentials=root / "credentials.json",
+    )
 
 
 # ----------------------------------------------------------------------------- pure renderers
