@@ -32,7 +32,8 @@ from typing import Any
 
 from fastavro import parse_schema, schemaless_reader
 
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy, fold, new_state
+from codeclog.consumers.stream.fold.machine import fold
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
 from codeclog.schemas.records import CodecChunk
 from codeclog.testing.upstream_streams import realistic_events
 

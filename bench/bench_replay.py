@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy
 from codeclog.replay import fast
 from codeclog.replay.capture_format import read_capture
 from codeclog.replay.columns import CaptureTable, read_table

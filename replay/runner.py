@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy
 from codeclog.consumers.stream.limit import EVICTED_BY_CAP, LimitOptions, StreamLimit
 from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig, StepOutput
 from codeclog.errors import CodeclogError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from codeclog.consumers.member.intake import IntakeConfig
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy
 from codeclog.consumers.stream.limit import LimitOptions, StreamLimit
 from codeclog.consumers.stream.pipeline import PipelineConfig
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 
-from codeclog.consumers.stream.fold.machine import export_request
+from codeclog.consumers.stream.fold.state_io import export_request
 from codeclog.consumers.stream.pipeline import AudioPipeline, StepOutput
 from codeclog.kafka.reader import read_partitions
 from codeclog.schemas import wire

@@ -23,7 +23,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from codeclog.consumers.readers.audio_compare import Bound, Comparison, compare_bound, pcm_digest
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy
 from codeclog.consumers.stream.limit import LimitOptions, StreamLimit
 from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig, VocoderEngine
 from codeclog.kafka.calls import ClusterUnavailableError, one_line

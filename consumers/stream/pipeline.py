@@ -26,13 +26,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from codeclog.consumers.stream.fold.machine import (
-    FoldConfig,
-    FoldState,
-    evict,
-    fold,
-    new_state,
-)
+from codeclog.consumers.stream.fold.cap import evict
+from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import (
     Abandoned,
     Decode,
@@ -43,6 +38,7 @@ from codeclog.consumers.stream.fold.outcomes import (
     Release,
 )
 from codeclog.consumers.stream.fold.report import ReportBuilder
+from codeclog.consumers.stream.fold.state import FoldConfig, FoldState, new_state
 from codeclog.consumers.stream.limit import EVICTED_BY_CAP, StateSizes
 from codeclog.errors import UsageError
 from codeclog.kafka.records import InputRecord, Position

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from codeclog.consumers.stream.fold.machine import Policy
+from codeclog.consumers.stream.fold.state import Policy
 from codeclog.replay.diff import NO_KEY, Divergence, diff_captures, diff_reports
 from codeclog.replay.inputs import InputKind, ReplayInput
 from codeclog.replay.report.audio import Clip, clip_of

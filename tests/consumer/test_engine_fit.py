@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.stream.fold.machine import FoldConfig
+from codeclog.consumers.stream.fold.state import FoldConfig
 from codeclog.consumers.stream.limit import StateSizes
 from codeclog.consumers.stream.pipeline import (
     AudioPipeline,

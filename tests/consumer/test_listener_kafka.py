@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 from codeclog.consumers.member.service import VocodeConfig, VocoderService
 from codeclog.consumers.readers.listener import AudioListener, Isolation, ListenerChunk
 from codeclog.consumers.readers.verify import actual_audio, expected_audio
-from codeclog.consumers.stream.fold.machine import Policy
+from codeclog.consumers.stream.fold.state import Policy
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
 from tests.consumer.audio_ends import audio_ends

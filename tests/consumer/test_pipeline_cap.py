@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from codeclog.consumers.member.progress import CheckpointWriter
 from codeclog.consumers.member.recovery import restore_folds
-from codeclog.consumers.stream.fold.machine import FoldConfig
+from codeclog.consumers.stream.fold.state import FoldConfig
 from codeclog.consumers.stream.limit import (
     EVICTED_BY_BUDGET,
     EVICTED_BY_CAP,

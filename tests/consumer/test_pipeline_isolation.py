@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy
 from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig, pcm_s16le
 from codeclog.kafka.records import InputRecord, Position
 from codeclog.schemas import wire
@@ -169,7 +169,7 @@ def test_rebuilt_streams_continue_byte_identically() -> None:
     scratch.step(records[:4], emit=False)
     resumed = _pipeline(ArithmeticEngine())
     for rid in ("a", "b"):
-        from codeclog.consumers.stream.fold.machine import export_request, import_request
+        from codeclog.consumers.stream.fold.state_io import export_request, import_request
 
         import_request(resumed.fold_state(0), rid, export_request(live.fold_state(0), rid) or {})
     resumed.adopt_streams(scratch, ["a", "b"], 0)

@@ -27,8 +27,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy, fold, new_state
+from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import Decode, Reject, RejectReason
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
 from codeclog.consumers.stream.pipeline import (
     KEY_MISMATCH,
     MISSING_KEY,

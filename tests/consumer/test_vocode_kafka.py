@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 from codeclog.cli import main
 from codeclog.consumers.member.service import StrictFatalError, VocodeConfig, VocoderService
 from codeclog.consumers.readers.verify import actual_audio, verify
-from codeclog.consumers.stream.fold.machine import Policy
+from codeclog.consumers.stream.fold.state import Policy
 from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig
 from codeclog.kafka.reader import read_partition
 from codeclog.kafka.records import InputRecord, Position

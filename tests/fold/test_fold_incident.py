@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy, fold, new_state
+from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import Decode, Outcome, Reject
 from codeclog.consumers.stream.fold.report import build_report, strict_error_json
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
 from codeclog.schemas.records import SILENCE_CODE, CodecChunk
 
 PREROLL = (SILENCE_CODE,) * 3

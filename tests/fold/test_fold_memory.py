@@ -10,7 +10,8 @@ import tracemalloc
 
 import pytest
 
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy, fold, new_state
+from codeclog.consumers.stream.fold.machine import fold
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
 from codeclog.schemas.records import CodecChunk
 
 REQUESTS = 300

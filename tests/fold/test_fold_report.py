@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
 from codeclog.consumers.stream.fold.outcomes import Reject, RejectReason, details_of
 from codeclog.consumers.stream.fold.report import ReportBuilder, build_report, strict_error_json
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 
@@ -86,7 +86,8 @@ def test_strict_report_kills_open_streams_and_counts_the_rest() -> None:
 
 
 def test_builder_matches_build_report_and_is_incremental() -> None:
-    from codeclog.consumers.stream.fold.machine import fold, new_state
+    from codeclog.consumers.stream.fold.machine import fold
+    from codeclog.consumers.stream.fold.state import new_state
 
     events = [chunk(0), chunk(2), chunk(2), chunk(3, last_chunk=True)]
     state, builder = new_state(), ReportBuilder(Policy.TOLERANT)

@@ -11,15 +11,10 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.stream.fold.machine import (
-    FoldConfig,
-    Policy,
-    evict,
-    fold,
-    new_state,
-    open_requests,
-)
+from codeclog.consumers.stream.fold.cap import evict
+from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import Echo, Outcome
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state, open_requests
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 
 S, T = Policy.STRICT, Policy.TOLERANT

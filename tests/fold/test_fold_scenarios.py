@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
 from codeclog.consumers.stream.fold.report import build_report
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy
 from codeclog.replay.scenario import read_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "data" / "scenarios"

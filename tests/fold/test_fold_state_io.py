@@ -8,17 +8,7 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.stream.fold.machine import (
-    FoldConfig,
-    FoldConfigError,
-    FoldStateError,
-    Policy,
-    export_request,
-    fold,
-    import_request,
-    new_state,
-    open_requests,
-)
+from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import (
     Decode,
     Echo,
@@ -26,6 +16,14 @@ from codeclog.consumers.stream.fold.outcomes import (
     RejectReason,
     new_decode,
 )
+from codeclog.consumers.stream.fold.state import (
+    FoldConfig,
+    FoldConfigError,
+    Policy,
+    new_state,
+    open_requests,
+)
+from codeclog.consumers.stream.fold.state_io import FoldStateError, export_request, import_request
 from codeclog.errors import CodeclogError
 from codeclog.schemas.records import CodecChunk
 

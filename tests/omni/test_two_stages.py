@@ -16,8 +16,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.cli import main
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
 from codeclog.consumers.stream.fold.report import build_report
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy
 from codeclog.devtools.broker import BrokerSettings, LocalBroker
 from codeclog.replay.capture_format import read_capture
 from codeclog.schemas import wire

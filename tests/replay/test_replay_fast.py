@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codeclog.consumers.stream.fold.machine import Policy
+from codeclog.consumers.stream.fold.state import Policy
 from codeclog.consumers.stream.limit import LimitOptions
 from codeclog.replay import columns, fast
 from codeclog.replay.capture_format import CapturedRecord, RecordHeader, read_capture

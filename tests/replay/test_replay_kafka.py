@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from codeclog.consumers.stream.fold.machine import FoldConfig
 from codeclog.consumers.stream.fold.report import build_report
+from codeclog.consumers.stream.fold.state import FoldConfig
 from codeclog.replay.capture_format import CapturedRecord, read_capture
 from codeclog.replay.diff import diff_captures
 from codeclog.schemas.wire import encode

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.consumers.stream.fold.machine import FoldConfig, Policy
 from codeclog.consumers.stream.fold.report import build_report
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy
 from codeclog.replay.capture_format import read_capture
 from codeclog.replay.inputs import InputKind, load_input, log_order
 from codeclog.replay.runner import ReplayOptions, replay, report_json

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.stream.fold.machine import Policy
+from codeclog.consumers.stream.fold.state import Policy
 from codeclog.replay.inputs import ReplayInput, load_input
 from codeclog.replay.report.audio import clip_of, peaks
 from codeclog.replay.report.model import ReportOptions, build_page, run_input

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from codeclog.consumers.stream.fold.machine import Policy
+from codeclog.consumers.stream.fold.state import Policy
 from codeclog.replay.inputs import load_input
 from codeclog.replay.report.model import InputRun, ReportOptions, build_page, run_input
 from codeclog.replay.report.render import render_page

@@ -132,9 +132,9 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from codeclog.consumers.stream.fold.machine import Policy
-    from codeclog.replay.inputs import load_input
     from codeclog.cli.progress import StderrProgress
+    from codeclog.consumers.stream.fold.state import Policy
+    from codeclog.replay.inputs import load_input
     from codeclog.replay.runner import ReplayOptions, replay, report_json
     from codeclog.replay.summary import format_summary
     from codeclog.replay.wav import write_wavs

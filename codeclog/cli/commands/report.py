@@ -70,7 +70,7 @@ def register(subparsers: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: `codeclog --help` should not pay for Jinja2 and the replay machinery.
-    from codeclog.consumers.stream.fold.machine import Policy
+    from codeclog.consumers.stream.fold.state import Policy
     from codeclog.replay.report.model import ReportOptions
     from codeclog.replay.report.writer import write_report
 

@@ -17,7 +17,7 @@ from codeclog.cli.config import (
 )
 from codeclog.cli.parsing import Subparsers, add_command
 from codeclog.consumers.readers.audio_compare import DEFAULT_MAX_ABS_LSB, DEFAULT_MIN_SNR_DB
-from codeclog.consumers.stream.fold.machine import Policy
+from codeclog.consumers.stream.fold.state import Policy
 
 EPILOG = """\
 Exit codes: 0 every window of the offline replay appears exactly once on the audio topic with

@@ -19,7 +19,7 @@ from codeclog.cli.config import (
     topics_config,
 )
 from codeclog.cli.parsing import Subparsers, add_command, add_variant_args
-from codeclog.consumers.stream.fold.machine import Policy
+from codeclog.consumers.stream.fold.state import Policy
 from codeclog.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CodeclogError, exit_code
 
 ENV_KEEP_PRODUCER = "CODECLOG_TEST_KEEP_PRODUCER_AFTER_TIMEOUT"  # test-only, see VocodeConfig
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     limits = limit_options(args)
     from codeclog.consumers.member.metrics import VocoderMetrics
     from codeclog.consumers.member.service import VocodeConfig, VocoderService
-    from codeclog.consumers.stream.fold.machine import FoldConfig
+    from codeclog.consumers.stream.fold.state import FoldConfig
     from codeclog.consumers.stream.pipeline import check_engine_fits
     from codeclog.vocoder.engine import Code2WavEngine
 

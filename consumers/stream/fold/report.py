@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from codeclog.consumers.stream.fold.machine import Event, FoldConfig, Policy, fold, new_state
+from codeclog.consumers.stream.fold.machine import Event, fold
 from codeclog.consumers.stream.fold.outcomes import (
     Abandoned,
     Decode,
@@ -27,6 +27,7 @@ from codeclog.consumers.stream.fold.outcomes import (
     RejectReason,
     Release,
 )
+from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
 
 OPEN = "open"
 RELEASED = "released"
@@ -38,7 +39,7 @@ class ReportBuilder:
     """Builds the report incrementally: call `add` after every `fold`, then `result`.
 
     It infers each request's status from the outcomes alone (the rules above), so it needs no
-    access to the fold state; tests check it agrees with `machine.open_requests`.
+    access to the fold state; tests check it agrees with `state.open_requests`.
     """
 
     def __init__(self, policy: Policy) -> None:
