@@ -19,16 +19,13 @@ from collections.abc import Callable
 from fastavro import schemaless_reader, schemaless_writer
 
 from codeclog.schemas import wire
-from codeclog.schemas.records import SILENCE_CODE, CodecChunk, to_dict
+from codeclog.schemas.records import CodecChunk, to_dict
+from codeclog.testing.upstream_streams import preroll_window
 
-STEADY_WINDOW = CodecChunk(
-    request_id="6f1c2a0e-1d7b-4c55-9d0e-2b8f4e7a9c31",
-    codes=(SILENCE_CODE,) * 3 + tuple(range(3000, 3025)),
-    cache_epoch=0,
+STEADY_WINDOW = preroll_window(
+    "6f1c2a0e-1d7b-4c55-9d0e-2b8f4e7a9c31",
+    range(3000, 3025),
     chunk_seq=12,
-    code_flat_numel=28,
-    codec_chunk_frames=25,
-    codec_left_context_frames=3,
     produced_at_ms=1_760_000_000_000,
     producer_id="talker-0",
 )

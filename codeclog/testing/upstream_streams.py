@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from codeclog.schemas.records import SILENCE_CODE, CodecChunk
 
@@ -161,6 +161,20 @@ def interleave(rng: random.Random, streams: Sequence[Sequence[CodecChunk]]) -> l
         merged.append(streams[index][cursors[index]])
         cursors[index] += 1
     return merged
+
+
+def preroll_window(request_id: str, new_ids: Sequence[int], **fields: Any) -> CodecChunk:
+    """A first window as the producer opens a stream: 3 silence ids of pre-roll context, then
+    `new_ids`, its counts (numel, new frames, context frames) to match; `fields` set the rest."""
+    codes = (SILENCE_CODE,) * 3 + tuple(new_ids)
+    return CodecChunk(
+        request_id,
+        codes,
+        code_flat_numel=len(codes),
+        codec_chunk_frames=len(new_ids),
+        codec_left_context_frames=3,
+        **fields,
+    )
 
 
 def realistic_events(rng: random.Random, sessions: int, turns: int = 3) -> list[CodecChunk]:

@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from codeclog.devtools.broker import pick_free_port
 from codeclog.omni.connector import CodeclogKafkaConnector
 from codeclog.omni.payload import minicpmo_payload
-from codeclog.schemas.records import CodecChunk
+from codeclog.testing.upstream_streams import preroll_window
 from tests.omni.equality import payload_equal
 
 pytestmark = pytest.mark.kafka
@@ -47,14 +47,7 @@ def _wait(receiver: CodeclogKafkaConnector, key: str, frm: str = "1", to: str = 
     return got
 
 
-CHUNK = CodecChunk(
-    "req_a",
-    (4218, 4218, 4218, 7, 8, 9, 10),
-    code_flat_numel=7,
-    codec_chunk_frames=4,
-    codec_left_context_frames=3,
-    llm_output_text_utf8=b"hi",
-)
+CHUNK = preroll_window("req_a", (7, 8, 9, 10), llm_output_text_utf8=b"hi")
 
 
 def test_put_then_get_returns_an_equal_payload_once(

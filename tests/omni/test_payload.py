@@ -18,7 +18,8 @@ from codeclog.omni.payload import (
     parse_put_key,
 )
 from codeclog.schemas import wire
-from codeclog.schemas.records import CodecChunk, PayloadEnvelope
+from codeclog.schemas.records import PayloadEnvelope
+from codeclog.testing.upstream_streams import preroll_window
 from tests.omni.equality import payload_equal
 
 
@@ -29,14 +30,11 @@ def _round_trip(payload: object, key: str = "r_x_1_3") -> tuple[object, object]:
     return encoded, decoded
 
 
-CHUNK = CodecChunk(
+CHUNK = preroll_window(
     "r_x",
-    (4218, 4218, 4218, 1, 2, 3, 4),
+    (1, 2, 3, 4),
     cache_epoch=1,
     chunk_seq=3,
-    code_flat_numel=7,
-    codec_chunk_frames=4,
-    codec_left_context_frames=3,
     tts_is_last_chunk=True,
     duplex_epoch=2,
     duplex_turn_id=5,

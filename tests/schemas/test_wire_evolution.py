@@ -15,7 +15,8 @@ from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibi
 from fastavro import parse_schema, schemaless_reader
 
 from codeclog.schemas import wire
-from codeclog.schemas.records import AudioChunk, CodecChunk, to_dict
+from codeclog.schemas.records import AudioChunk, to_dict
+from codeclog.testing.upstream_streams import preroll_window
 
 # Written by codec_chunk.v1 (fastavro 1.13, before v2 existed) and never regenerated: the
 # write-old/read-new test must not depend on today's code to produce "old" bytes.
@@ -23,14 +24,11 @@ V1_GOLDEN_CHUNK = bytes.fromhex(
     "c3019a6d29d005c158c70472310ef441f441f441c801ca01cc01ce01000204020e08060101010a120c68c3a9"
     "6c6c6f000000021848545f7265665f617564696ff681e682b9661474616c6b65722d6f6c64"
 )
-V1_GOLDEN_DECODED = CodecChunk(
-    request_id="r1",
-    codes=(4218, 4218, 4218, 100, 101, 102, 103),
+V1_GOLDEN_DECODED = preroll_window(
+    "r1",
+    (100, 101, 102, 103),
     cache_epoch=1,
     chunk_seq=2,
-    code_flat_numel=7,
-    codec_chunk_frames=4,
-    codec_left_context_frames=3,
     last_chunk=True,
     tts_is_last_chunk=True,
     turn_end=True,

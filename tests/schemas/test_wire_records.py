@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from codeclog.schemas import wire
 from codeclog.schemas.records import (
-    SILENCE_CODE,
     AudioChunk,
     CodecChunk,
     ControlEvent,
@@ -23,20 +22,15 @@ from codeclog.schemas.records import (
     slot_constructor,
     to_dict,
 )
+from codeclog.testing.upstream_streams import preroll_window
 from tests.schemas.refusal import assert_refused
 from tests.schemas.strategies import (
     codec_chunks,
     records,
 )
 
-FIRST_WINDOW = CodecChunk(
-    request_id="req-1",
-    codes=(SILENCE_CODE,) * 3 + tuple(range(100, 125)),
-    code_flat_numel=28,
-    codec_chunk_frames=25,
-    codec_left_context_frames=3,
-    produced_at_ms=1_760_000_000_000,
-    producer_id="talker-0",
+FIRST_WINDOW = preroll_window(
+    "req-1", range(100, 125), produced_at_ms=1_760_000_000_000, producer_id="talker-0"
 )
 
 EXAMPLES: dict[str, wire.Record] = {
