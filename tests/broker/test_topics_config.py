@@ -31,17 +31,7 @@ from codeclog.kafka.topics import (
 )
 from codeclog.topics_config import TopicsConfig
 from codeclog.user_files import UserFileError
-
-
-def _unique_topics(unique_name: Callable[[str], str], **extra: Any) -> TopicsConfig:
-    return TopicsConfig(
-        chunks=unique_name("chunks"),
-        audio=unique_name("audio"),
-        dlq=unique_name("dlq"),
-        progress=unique_name("progress"),
-        **extra,
-    )
-
+from tests.topics import fresh_topics
 
 # ----------------------------------------------------------------------------- on the broker
 
@@ -51,7 +41,7 @@ def test_create_is_idempotent_and_makes_the_configured_topics(
     kafka_bootstrap: str, unique_name: Callable[[str], str]
 ) -> None:
     client = {"bootstrap.servers": kafka_bootstrap}
-    topics = _unique_topics(unique_name, partitions=3, dlq_partitions=2)
+    topics = fresh_topics(unique_name, partitions=3, dlq_partitions=2)
     first = create_topics(client, topics)
     assert [o.action for o in first] == [TopicAction.CREATED] * 4
     second = create_topics(client, topics)
@@ -78,7 +68,7 @@ def test_existing_topics_that_do_not_fit_are_reported_not_changed(
     kafka_bootstrap: str, unique_name: Callable[[str], str]
 ) -> None:
     client = {"bootstrap.servers": kafka_bootstrap}
-    topics = _unique_topics(unique_name, partitions=4)
+    topics = fresh_topics(unique_name, partitions=4)
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     misfits = [
         NewTopic(topics.chunks, 2, 1),  # too few partitions
@@ -106,7 +96,7 @@ def test_cli_topics_create_then_list(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     config = tmp_path / "topics.json"
-    topics = _unique_topics(unique_name, partitions=2)
+    topics = fresh_topics(unique_name, partitions=2)
     names = {"chunks": topics.chunks, "audio": topics.audio, "dlq": topics.dlq}
     config.write_text(json.dumps({**names, "progress": topics.progress, "partitions": 2}))
     cluster = ["--bootstrap", kafka_bootstrap, "--topics-config", str(config)]

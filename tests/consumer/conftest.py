@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 from codeclog.devtools import stack as devtools_stack
 from codeclog.devtools import talker
 from codeclog.kafka.topics import ensure_topics
-from codeclog.topics_config import TopicsConfig
+from tests.topics import fresh_topics
 
 
 class Stack(devtools_stack.Stack):
@@ -46,12 +46,6 @@ def stack(
     )
     yield result
     result.kill_processes()
-
-
-def fresh_topics(unique_name: Callable[[str], str], partitions: int = 4) -> TopicsConfig:
-    """One test's own topic names (4 partitions unless told)."""
-    names = {kind: unique_name(kind) for kind in ("chunks", "audio", "dlq", "progress")}
-    return TopicsConfig(**names, partitions=partitions)
 
 
 topics_file = devtools_stack.write_topics_file  # `topics` as the file --topics-config reads

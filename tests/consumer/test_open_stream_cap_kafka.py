@@ -20,7 +20,8 @@ from codeclog.kafka.reader import read_partition
 from codeclog.kafka.topics import ensure_topics
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk, DeadLetter
-from tests.consumer.conftest import LiveTalker, fresh_topics, topics_file
+from tests.consumer.conftest import LiveTalker, topics_file
+from tests.topics import fresh_topics
 
 pytestmark = pytest.mark.kafka
 

@@ -19,8 +19,8 @@ import pytest
 from codeclog.consumers.readers.verify import verify
 from codeclog.devtools.broker import BrokerSettings, LocalBroker
 from codeclog.kafka.topics import ensure_topics
-from codeclog.topics_config import TopicsConfig
 from tests.consumer.conftest import LiveTalker, Stack
+from tests.topics import fresh_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vocoder, pytest.mark.slow]
 
@@ -47,13 +47,7 @@ def own_stack(
 ) -> Iterator[tuple[Stack, LocalBroker]]:
     broker = _broker(tmp_path / "kb")
     state = broker.start()
-    topics = TopicsConfig(
-        chunks=unique_name("chunks"),
-        audio=unique_name("audio"),
-        dlq=unique_name("dlq"),
-        progress=unique_name("progress"),
-        partitions=4,
-    )
+    topics = fresh_topics(unique_name)
     ensure_topics({"bootstrap.servers": state.bootstrap}, topics)
     topics_file = tmp_path / "topics.json"
     topics_file.write_text(json.dumps(dataclasses.asdict(topics)))

@@ -33,7 +33,7 @@ from codeclog.lag.measure import LagMeasurer
 from codeclog.lag.monitor import LagMonitor
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk
-from codeclog.topics_config import TopicsConfig
+from tests.topics import fresh_topics
 
 pytestmark = pytest.mark.kafka
 
@@ -455,13 +455,7 @@ def test_a_chunk_stamped_at_the_epoch_shows_no_57_year_time_lag(
     57 years and paged. The chunk topic `topics create` makes is LogAppendTime, so the broker's
     append time is measured; on a topic that keeps CreateTime the stamp is not believed."""
     client = {"bootstrap.servers": kafka_bootstrap}
-    names = TopicsConfig(
-        chunks=unique_name("epoch-chunks"),
-        audio=unique_name("epoch-audio"),
-        dlq=unique_name("epoch-dlq"),
-        progress=unique_name("epoch-progress"),
-        partitions=1,
-    )
+    names = fresh_topics(unique_name, partitions=1, prefix="epoch-")
     create_topics(client, names)
     created_by_hand = unique_name("epoch-create-time")
     admin = AdminClient(client)

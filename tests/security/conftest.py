@@ -24,7 +24,8 @@ from codeclog.devtools.broker import BrokerSettings, BrokerState, LocalBroker
 from codeclog.devtools.jars import JarFetcher
 from codeclog.kafka.acls import apply_acls, role_acls
 from codeclog.kafka.topics import ensure_topics
-from tests.consumer.conftest import Stack, fresh_topics, tiny_engine, topics_file
+from tests.consumer.conftest import Stack, tiny_engine, topics_file
+from tests.topics import fresh_topics
 
 __all__ = ["tiny_engine"]  # the session vocoder fixture, shared with tests/consumer
 
