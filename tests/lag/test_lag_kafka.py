@@ -95,6 +95,12 @@ def consume_all(
     return consumer
 
 
+def caught_up(bootstrap: str, topic: str, group: str, records: int) -> None:
+    """`records` chunks produced, then read and committed by `group`, whose consumer left."""
+    produce(bootstrap, topic, 0, records)
+    consume_all(bootstrap, topic, group, records).close()
+
+
 def _step_over_markers(consumer: Consumer, deadline: float) -> None:
     """Poll until position() reaches the LSO: the fetcher skips a trailing commit marker only
     when it fetches it, so right after the last record position() may still point at it."""
@@ -163,8 +169,7 @@ def test_offset_reset_backwards_is_rewind(
     kafka_bootstrap: str, topic: str, unique_name: Callable[[str], str]
 ) -> None:
     group = unique_name("lag-group")
-    produce(kafka_bootstrap, topic, 0, 20)
-    consume_all(kafka_bootstrap, topic, group, 20).close()
+    caught_up(kafka_bootstrap, topic, group, 20)
     monitor = LagMonitor({"bootstrap.servers": kafka_bootstrap}, group, topic, config=CONFIG)
     clock = Clock()
     try:
@@ -243,8 +248,7 @@ def test_exporter_serves_lag_metrics(
     kafka_bootstrap: str, topic: str, unique_name: Callable[[str], str]
 ) -> None:
     group = unique_name("lag-group")
-    produce(kafka_bootstrap, topic, 0, 4)
-    consume_all(kafka_bootstrap, topic, group, 4).close()
+    caught_up(kafka_bootstrap, topic, group, 4)
     produce(kafka_bootstrap, topic, 4, 2)  # two chunks (2 s of audio) not yet consumed
     monitor = LagMonitor({"bootstrap.servers": kafka_bootstrap}, group, topic, config=CONFIG)
     collector = LagCollector("test")
@@ -272,8 +276,7 @@ def test_lag_command_json(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     group = unique_name("lag-group")
-    produce(kafka_bootstrap, topic, 0, 3)
-    consume_all(kafka_bootstrap, topic, group, 3).close()
+    caught_up(kafka_bootstrap, topic, group, 3)
     argv = ["lag", "--bootstrap", kafka_bootstrap, "--group", group, "--topic", topic]
     assert cli.main([*argv, "--json", "--check"]) == 0
     decoded = json.loads(capsys.readouterr().out)
