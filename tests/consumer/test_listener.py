@@ -20,6 +20,7 @@ from codeclog.consumers.readers.listener import (
 )
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
+from tests.fake_kafka import FakeMessage
 
 WINDOW = 960  # samples per test window
 
@@ -181,35 +182,13 @@ def test_the_open_stream_cap_evicts_the_least_recently_opened() -> None:
     assert a.open_streams() == 2 and a.stats.evicted == 1
 
 
-class FakeMessage:
-    def __init__(self, partition: int, offset: int, value: bytes, key: bytes) -> None:
-        self._p, self._o, self._v, self._k = partition, offset, value, key
-
-    def error(self) -> None:
-        return None
-
-    def value(self) -> bytes:
-        return self._v
-
-    def key(self) -> bytes:
-        return self._k
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1000 + self._o)  # TIMESTAMP_CREATE_TIME
-
-
 class FakeConsumer:
     """Plays a list of audio records, a batch per consume()."""
 
     def __init__(self, values: list[bytes], keys: list[bytes]) -> None:
         self.messages = [
-            FakeMessage(0, i, v, k) for i, (v, k) in enumerate(zip(values, keys, strict=True))
+            FakeMessage("audio", 0, i, k, v)
+            for i, (v, k) in enumerate(zip(values, keys, strict=True))
         ]
         self.at = 0
 

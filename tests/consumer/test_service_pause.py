@@ -20,32 +20,7 @@ from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.service import VocoderService
 from codeclog.consumers.stream.pipeline import StepOutput
 from codeclog.topics_config import TopicsConfig
-
-
-class FakeMessage:
-    def __init__(self, partition: int, offset: int) -> None:
-        self._partition, self._offset = partition, offset
-
-    def error(self) -> None:
-        return None
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1000)
-
-    def topic(self) -> str:
-        return "chunks"
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes:
-        return b"r"
-
-    def value(self) -> bytes:
-        return b"v"
+from tests.fake_kafka import FakeMessage
 
 
 class FakeConsumer:
@@ -53,7 +28,9 @@ class FakeConsumer:
 
     def __init__(self, partitions: list[int], arriving: int = 0) -> None:
         self.owned = [TopicPartition("chunks", p) for p in partitions]
-        self.arriving = [FakeMessage(partitions[0], offset) for offset in range(arriving)]
+        self.arriving = [
+            FakeMessage("chunks", partitions[0], offset, b"r", b"v") for offset in range(arriving)
+        ]
         self.calls: list[tuple[str, Any]] = []
         self.on_poll: Any = None  # called from inside poll/consume, as librdkafka calls callbacks
 

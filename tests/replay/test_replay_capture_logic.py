@@ -4,7 +4,6 @@ never delivered; position() steps over them)."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import itertools
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from codeclog.replay.capture_format import (
     TimestampType,
 )
 from codeclog.replay.errors import BoundError, CaptureError
+from tests.fake_kafka import FakeMessage
 
 # --- header ----------------------------------------------------------------------------------
 
@@ -106,42 +106,6 @@ def test_bound_offsets_maps_a_time_past_the_last_record_to_the_lso() -> None:
 
 MARKER = "marker"  # a commit marker: takes an offset, never delivered
 ABORTED = "aborted"  # a record of an aborted transaction: invisible to read_committed
-
-
-@dataclasses.dataclass
-class FakeMessage:
-    _topic: str
-    _partition: int
-    _offset: int
-    _key: bytes | None
-    _value: bytes | None
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def headers(self) -> list[tuple[str, bytes]] | None:
-        return [("h", b"1")]
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1000 + self._offset)
-
-    def leader_epoch(self) -> int | None:
-        return 3
-
-    def error(self) -> None:
-        return None
 
 
 class FakeConsumer:

@@ -1,0 +1,44 @@
+"""A consumed Kafka record without a broker, for the tests of what reads one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class FakeMessage:
+    """A record as a confluent_kafka Message shows it: no error, CreateTime 1000 + offset ms,
+    one header, leader epoch 3."""
+
+    _topic: str
+    _partition: int
+    _offset: int
+    _key: bytes | None
+    _value: bytes | None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return [("h", b"1")]
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1000 + self._offset)  # TIMESTAMP_CREATE_TIME
+
+    def leader_epoch(self) -> int | None:
+        return 3
+
+    def error(self) -> None:
+        return None
