@@ -79,6 +79,7 @@ def register(subparsers: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: `codeclog --help` should not pay for fastavro and the capture machinery.
+    from codeclog.cli.progress import StderrProgress
     from codeclog.replay.capture import (
         DEFAULT_GROUP_ID,
         CaptureSpec,
@@ -87,7 +88,6 @@ def run(args: argparse.Namespace) -> int:
         spans_json,
         throwaway_group_id,
     )
-    from codeclog.cli.progress import StderrProgress
 
     check_creatable(args.out, "--out file")  # before the cluster: a mistake is told at once
     topic = args.topic or topics_config(args).chunks
