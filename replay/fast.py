@@ -28,7 +28,7 @@ from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import Reject, RejectReason
 from codeclog.consumers.stream.fold.report import ReportBuilder
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
-from codeclog.consumers.stream.pipeline import KEY_MISMATCH, MISSING_KEY
+from codeclog.consumers.stream.wire_input import KEY_MISMATCH, MISSING_KEY
 from codeclog.cores import one_per_core
 from codeclog.replay.columns import CaptureTable
 from codeclog.schemas.columnar import decode_spans

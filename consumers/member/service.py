@@ -33,15 +33,11 @@ from codeclog.consumers.member.transaction import (
     Transactions,
 )
 from codeclog.consumers.member.writes import step_writes
+from codeclog.consumers.stream.dead_letter import DEAD_LETTER_RAW_LIMIT
+from codeclog.consumers.stream.engine import EngineMismatchError, VocoderEngine
 from codeclog.consumers.stream.fold.report import strict_error_json
 from codeclog.consumers.stream.limit import StreamLimit
-from codeclog.consumers.stream.pipeline import (
-    DEAD_LETTER_RAW_LIMIT,
-    AudioPipeline,
-    EngineMismatchError,
-    StepOutput,
-    VocoderEngine,
-)
+from codeclog.consumers.stream.pipeline import AudioPipeline, StepOutput
 from codeclog.errors import EXIT_STRICT_FATAL, CodeclogError
 from codeclog.kafka.access import KafkaAccessError
 from codeclog.kafka.calls import (

@@ -17,7 +17,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from codeclog.consumers.stream.pipeline import DEAD_LETTER_HEADROOM_BYTES, DEAD_LETTER_RAW_LIMIT
+from codeclog.consumers.stream.dead_letter import DEAD_LETTER_HEADROOM_BYTES, DEAD_LETTER_RAW_LIMIT
 from codeclog.kafka.calls import (
     InfrastructureError,
     StuckCallError,

@@ -23,9 +23,10 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from codeclog.consumers.readers.audio_compare import Bound, Comparison, compare_bound, pcm_digest
+from codeclog.consumers.stream.engine import VocoderEngine
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy
 from codeclog.consumers.stream.limit import LimitOptions, StreamLimit
-from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig, VocoderEngine
+from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig
 from codeclog.kafka.calls import ClusterUnavailableError, one_line
 from codeclog.kafka.log import client_settings
 from codeclog.kafka.reader import read_partition

@@ -13,21 +13,29 @@ Failure isolation: a record that does not decode, or that the fold rejects, beco
 letter; a vocoder failure on one window is retried alone, and if it fails alone it rejects that
 request only (dead letter `vocoder_failed`, the stream is evicted from the fold). Nothing else
 in the batch is affected.
+
+Its parts, each in a module of its own: `wire_input` (a record to an event, or why it is
+refused), `dead_letter`, `vocoder_streams` (the vocoder side of each open epoch), `audio` (the
+AudioChunk a window becomes, and per-request accounting), `engine` (what an engine must state).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-import numpy as np
-
+from codeclog.consumers.stream.audio import RequestAudio, audio_chunk
+from codeclog.consumers.stream.dead_letter import DEAD_LETTER_RAW_LIMIT, dead_letter
+from codeclog.consumers.stream.engine import (
+    EngineFacts,
+    VocoderEngine,
+    check_engine_fits,
+    model_calls,
+)
 from codeclog.consumers.stream.fold.cap import evict
-from codeclog.consumers.stream.fold.machine import fold
+from codeclog.consumers.stream.fold.machine import Event, fold
 from codeclog.consumers.stream.fold.outcomes import (
     Abandoned,
     Decode,
@@ -39,129 +47,17 @@ from codeclog.consumers.stream.fold.outcomes import (
 )
 from codeclog.consumers.stream.fold.report import ReportBuilder
 from codeclog.consumers.stream.fold.state import FoldConfig, FoldState, new_state
-from codeclog.consumers.stream.limit import EVICTED_BY_CAP, StateSizes
-from codeclog.errors import UsageError
-from codeclog.kafka.records import InputRecord, Position
-from codeclog.schemas import wire
-from codeclog.schemas.records import (
-    MAX_CODEC_ID,
-    SAMPLE_RATE_HZ,
-    AudioChunk,
-    CodecChunk,
-    ControlEvent,
-    DeadLetter,
+from codeclog.consumers.stream.limit import EVICTED_BY_CAP
+from codeclog.consumers.stream.vocoder_streams import (
+    Item,
+    Result,
+    VocoderStream,
+    VocoderStreams,
 )
-from codeclog.vocoder.shared import domain_hift_variant, pcm_s16le, stream_seed
-
-Event = CodecChunk | ControlEvent
-KEY_MISMATCH = RejectReason.KEY_MISMATCH.value  # dead-letter reasons of the consumer's own,
-MISSING_KEY = RejectReason.MISSING_KEY.value  # in the fold's one closed enum
-# A dead letter must always fit the dead-letter topic (the broker's default max.message.bytes
-# is 1 MiB, and a refused input can be just under it): a raw value and key up to this many
-# bytes are kept whole; beyond, a prefix of DEAD_LETTER_PREFIX_BYTES is kept, with the size and
-# SHA-256 of the whole (raw_value_truncated). Text fields are cut to DEAD_LETTER_TEXT_CHARS.
-# The consumer lowers the limit to the dead-letter topic's own max.message.bytes minus
-# DEAD_LETTER_HEADROOM_BYTES when that is smaller (PipelineConfig.dead_letter_raw_limit).
-DEAD_LETTER_RAW_LIMIT = 900_000
-DEAD_LETTER_HEADROOM_BYTES = 64 * 1024  # metadata, cut texts and key, batch overhead
-DEAD_LETTER_PREFIX_BYTES = 64 * 1024
-DEAD_LETTER_KEY_BYTES = 4096
-DEAD_LETTER_TEXT_CHARS = 8192
-
-
-class VocoderEngine(Protocol):
-    """What the pipeline needs from vocoder.engine.Code2WavEngine (kept torch-free here): the
-    required core. What a real engine states besides is `EngineFacts`, read only where the
-    engine has all of it (a test double may have none)."""
-
-    def setup(self, voice: Any = None, seed: int = 0) -> Any: ...
-
-    def decode_batch(
-        self, items: Sequence[tuple[Any, Sequence[int], bool]]
-    ) -> list[tuple[np.ndarray, Any]]: ...
-
-    def release(self, state: Any) -> None: ...
-
-
-class ModelCalls(Protocol):
-    """Model calls an engine made so far (vocoder.engine.DecodeCalls)."""
-
-    @property
-    def flow(self) -> int: ...
-
-    @property
-    def hift(self) -> int: ...
-
-
-@runtime_checkable
-class EngineFacts(StateSizes, Protocol):
-    """The optional part of an engine, all or nothing (Code2WavEngine states every member):
-    its window rules (`check_engine_fits`), the determinism domain stamped on its audio, its
-    model-call counts (step metrics) and, from `StateSizes`, the sizes the open-stream budget
-    charges (consumers.stream.limit). An engine without them is taken as it is: no rules
-    checked, domain "", no call counts, no state budget."""
-
-    @property
-    def lookahead_frames(self) -> int: ...
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    @property
-    def domain(self) -> str: ...
-
-    @property
-    def calls(self) -> ModelCalls: ...
-
-
-class EngineMismatchError(UsageError):
-    """The engine's window rules differ from the fold's: its windows would be refused or cut
-    differently than the fold decided (lookahead frames or codec-id range); or a checkpoint
-    was written by an engine of the other HiFT variant (check_checkpoint_fits)."""
-
-
-def check_checkpoint_fits(request_id: str, written_domain: str, engine_domain: str) -> None:
-    """Raise EngineMismatchError when the checkpoint's stream was decoded by a causal HiFT
-    engine and this one is non-causal, or the other way round: the stream cannot continue
-    here (its audio so far came from another vocoder). Unknown domains ("") are taken as
-    they are."""
-    if not written_domain or not engine_domain:
-        return
-    written, here = domain_hift_variant(written_domain), domain_hift_variant(engine_domain)
-    if written != here:
-        raise EngineMismatchError(
-            f"request {request_id}: its checkpoint was written by a {written} HiFT engine "
-            f"(domain {written_domain}); this member's engine is {here}: run it with "
-            f"--hift {written}"
-        )
-
-
-def check_engine_fits(fold_config: FoldConfig, engine: object) -> None:
-    """Raise EngineMismatchError unless the engine's lookahead and codec-id range equal the
-    fold's. An engine that does not state them (not `EngineFacts`) is taken as it is."""
-    if not isinstance(engine, EngineFacts):
-        return
-    lookahead = engine.lookahead_frames
-    if lookahead != fold_config.lookahead_frames:
-        raise EngineMismatchError(
-            f"the vocoder's flow takes {lookahead} lookahead ids per window, the fold is "
-            f"configured for {fold_config.lookahead_frames} (FoldConfig.lookahead_frames)"
-        )
-    vocab = engine.vocab_size
-    if vocab != MAX_CODEC_ID + 1:
-        raise EngineMismatchError(
-            f"the vocoder accepts codec ids 0..{vocab - 1}, the wire contract 0..{MAX_CODEC_ID}"
-        )
-
-
-@dataclasses.dataclass(slots=True)
-class _Stream:
-    """The vocoder side of one request's open epoch."""
-
-    cache_epoch: int
-    state: Any
-    window_index: int = 0
-    samples_emitted: int = 0
+from codeclog.consumers.stream.wire_input import Refusal, decode_input
+from codeclog.kafka.records import InputRecord, Position
+from codeclog.schemas.records import AudioChunk, DeadLetter
+from codeclog.vocoder.shared import pcm_s16le
 
 
 @dataclasses.dataclass(slots=True)
@@ -170,42 +66,6 @@ class _Window:
 
     decode: Decode
     record: InputRecord | None
-
-
-@dataclasses.dataclass(slots=True)
-class RequestAudio:
-    """Per-request audio accounting for reports: every window, a running hash, optional PCM."""
-
-    samples: int = 0
-    windows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    hasher: Any = dataclasses.field(default_factory=hashlib.sha256)
-    pcm: bytearray | None = None
-
-    def add(self, chunk: AudioChunk, keep_pcm: bool) -> None:
-        self.samples += len(chunk.pcm_s16le) // 2
-        self.hasher.update(chunk.pcm_s16le)
-        self.windows.append(
-            {
-                "cache_epoch": chunk.cache_epoch,
-                "window_index": chunk.window_index,
-                "chunk_seqs": list(chunk.chunk_seqs),
-                "samples": len(chunk.pcm_s16le) // 2,
-                "sha256": chunk.sha256,
-                "final": chunk.final,
-            }
-        )
-        if keep_pcm:
-            if self.pcm is None:
-                self.pcm = bytearray()
-            self.pcm += chunk.pcm_s16le
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "samples": self.samples,
-            "audio_seconds": round(self.samples / SAMPLE_RATE_HZ, 6),
-            "sha256": self.hasher.hexdigest(),
-            "windows": self.windows,
-        }
 
 
 @dataclasses.dataclass(slots=True)
@@ -261,7 +121,7 @@ class AudioPipeline:
         self.domain = self._facts.domain if self._facts is not None else ""
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self._folds: dict[int, FoldState] = {}
-        self._streams: dict[str, _Stream] = {}
+        self._vocoder = VocoderStreams(engine)
         self._partition_of: dict[str, int] = {}
         self.report_builder = ReportBuilder(config.fold.policy)
         self.audio: dict[str, RequestAudio] = {}
@@ -303,7 +163,7 @@ class AudioPipeline:
         """Forget every request of a partition (revoked or lost in a rebalance)."""
         self._folds.pop(partition, None)
         for rid in [r for r, p in self._partition_of.items() if p == partition]:
-            self._drop_stream(rid)
+            self._vocoder.drop(rid)
             del self._partition_of[rid]
 
     def adopt_streams(
@@ -311,10 +171,7 @@ class AudioPipeline:
     ) -> None:
         """Take over vocoder streams rebuilt by another pipeline (recovery)."""
         for rid in request_ids:
-            stream = other._streams.pop(rid, None)
-            if stream is not None:
-                self._drop_stream(rid)
-                self._streams[rid] = stream
+            if self._vocoder.adopt(other._vocoder, rid):
                 self._partition_of[rid] = partition
 
     def fold_state(self, partition: int) -> FoldState:
@@ -326,15 +183,14 @@ class AudioPipeline:
 
     def open_epoch(self, partition: int, request_id: str) -> int | None:
         """The epoch of a request's open stream, or None."""
-        req = self.fold_state(partition).open.get(request_id)
-        return None if req is None else req.epoch
+        return self._open_epoch_of(self.fold_state(partition), request_id)
 
     def windows_emitted(self, request_id: str) -> int:
-        stream = self._streams.get(request_id)
+        stream = self._vocoder.get(request_id)
         return 0 if stream is None else stream.window_index
 
     def samples_emitted(self, request_id: str) -> int:
-        stream = self._streams.get(request_id)
+        stream = self._vocoder.get(request_id)
         return 0 if stream is None else stream.samples_emitted
 
     def open_streams(self) -> int:
@@ -352,36 +208,11 @@ class AudioPipeline:
     # -- decode and fold -----------------------------------------------------------------------
 
     def _decode(self, record: InputRecord, out: StepOutput) -> Event | None:
-        try:
-            event = wire.decode(record.value)
-        except wire.DecodeError as exc:
-            details = {"decode_reason": exc.reason.value}
-            out.dead_letters.append(
-                self._dead_letter(record, RejectReason.UNDECODABLE_RECORD.value, details, str(exc))
-            )
+        decoded = decode_input(record)
+        if isinstance(decoded, Refusal):
+            out.dead_letters.append(self._dead_letter(record, *decoded))
             return None
-        if not isinstance(event, CodecChunk | ControlEvent):
-            details = {"decode_reason": "unexpected_record_type", "type": type(event).__name__}
-            reason = RejectReason.UNDECODABLE_RECORD.value
-            out.dead_letters.append(self._dead_letter(record, reason, details, ""))
-            return None
-        if record.key is None and event.request_id:
-            # The key decides the partition, so a keyless record may sit beside other
-            # requests' records and break recovery, which re-reads a partition by key.
-            details = {"request_id": event.request_id}
-            out.dead_letters.append(
-                self._dead_letter(
-                    record, MISSING_KEY, details, "the record has no key", event.request_id
-                )
-            )
-            return None
-        if record.key is not None and record.key != event.request_id.encode():
-            details = {"key": _cut(record.key.decode("utf-8", "replace"), 256)}
-            out.dead_letters.append(
-                self._dead_letter(record, KEY_MISMATCH, details, "", event.request_id)
-            )
-            return None
-        return event
+        return decoded
 
     def _fold_one(
         self,
@@ -466,10 +297,7 @@ class AudioPipeline:
                 self._decode_round(batch, pending, out)
 
     def _end_epoch(self, rid: str, outcome: Outcome) -> None:
-        stream = self._streams.get(rid)
-        epoch = getattr(outcome, "cache_epoch", None)
-        if stream is not None and stream.cache_epoch == epoch:
-            self._drop_stream(rid)
+        self._vocoder.end_epoch(rid, getattr(outcome, "cache_epoch", None))
 
     def _decode_round(
         self, batch: list[_Window], pending: dict[str, list[_Window | Outcome]], out: StepOutput
@@ -477,15 +305,15 @@ class AudioPipeline:
         out.windows += len(batch)
         if self.engine is None:
             return
-        streams = [self._stream_for(w.decode) for w in batch]
-        items: list[tuple[Any, Sequence[int], bool]] = [
+        streams = [self._vocoder.for_window(w.decode) for w in batch]
+        items: list[Item] = [
             (s.state, w.decode.codes, w.decode.final) for s, w in zip(streams, batch, strict=True)
         ]
         started = time.perf_counter()
-        before = _model_calls(self._facts)
-        results = self._decode_isolated(items)
+        before = model_calls(self._facts)
+        results = self._vocoder.decode(items)
         out.decode_s += time.perf_counter() - started
-        after = _model_calls(self._facts)
+        after = model_calls(self._facts)
         out.flow_calls += after[0] - before[0]
         out.hift_calls += after[1] - before[1]
         out.decode_calls += 1
@@ -496,65 +324,24 @@ class AudioPipeline:
             else:
                 self._emit(window, stream, result, out)
 
-    def _decode_isolated(
-        self, items: list[tuple[Any, Sequence[int], bool]]
-    ) -> list[tuple[np.ndarray, Any] | Exception]:
-        assert self.engine is not None
-        try:
-            return list(self.engine.decode_batch(items))
-        except Exception:  # isolate the failing item: retry each alone
-            if len(items) == 1:
-                return [self._solo(items[0])]
-            return [self._solo(item) for item in items]
-
-    def _solo(self, item: tuple[Any, Sequence[int], bool]) -> tuple[np.ndarray, Any] | Exception:
-        assert self.engine is not None
-        try:
-            return self.engine.decode_batch([item])[0]
-        except Exception as exc:  # a vocoder failure costs only this request
-            return exc
-
-    def _stream_for(self, decode: Decode) -> _Stream:
-        assert self.engine is not None
-        rid = decode.request_id
-        stream = self._streams.get(rid)
-        if stream is None or stream.cache_epoch != decode.cache_epoch:
-            self._drop_stream(rid)
-            state = self.engine.setup(seed=stream_seed(rid, decode.cache_epoch))
-            stream = self._streams[rid] = _Stream(decode.cache_epoch, state)
-        return stream
-
-    def _drop_stream(self, rid: str) -> None:
-        stream = self._streams.pop(rid, None)
-        if stream is not None and self.engine is not None:
-            self.engine.release(stream.state)
-
     def _emit(
-        self, window: _Window, stream: _Stream, result: tuple[np.ndarray, Any], out: StepOutput
+        self,
+        window: _Window,
+        stream: VocoderStream,
+        result: Result,
+        out: StepOutput,
     ) -> None:
         samples, new_state = result
         stream.state = new_state
         pcm = pcm_s16le(samples)
         decode = window.decode
-        chunk = AudioChunk(
-            request_id=decode.request_id,
-            cache_epoch=decode.cache_epoch,
-            chunk_seqs=decode.chunk_seqs,
-            window_index=stream.window_index,
-            sample_offset=stream.samples_emitted,
-            sample_rate_hz=SAMPLE_RATE_HZ,
-            pcm_s16le=pcm,
-            sha256=hashlib.sha256(pcm).hexdigest(),
-            final=decode.final,
-            duplex_epoch=decode.echo.duplex_epoch,
-            duplex_turn_id=decode.echo.duplex_turn_id,
-            turn_end=decode.echo.turn_end,
-            tts_is_last_chunk=decode.echo.tts_is_last_chunk,
-            segment_end=decode.echo.segment_end,
-            llm_output_text_utf8=decode.echo.llm_output_text_utf8,
-            source_produced_at_ms=decode.echo.produced_at_ms,
-            producer_id=self.config.producer_id,
-            determinism_domain=self.domain,
+        chunk = audio_chunk(
+            decode,
+            stream.window_index,
+            stream.samples_emitted,
+            pcm,
+            self.config.producer_id,
+            self.domain,
         )
         stream.window_index += 1
         stream.samples_emitted += len(pcm) // 2
@@ -570,42 +357,16 @@ class AudioPipeline:
         pending: dict[str, list[_Window | Outcome]],
         out: StepOutput,
     ) -> None:
-        rid = window.decode.request_id
+        """Evict the request whose window failed alone: it costs that request only."""
+        decode, rid = window.decode, window.decode.request_id
         pending.pop(rid, None)  # later windows of this request cannot be decoded either
         partition = self._partition_of.get(rid, 0)
-        message = f"{type(error).__name__}: {error}"
-        self._evict(
-            self.fold_state(partition),
-            rid,
-            RejectReason.VOCODER_FAILED,
-            message,
-            out,
-            window.record,
-            window.decode,
-        )
-
-    def _evict(
-        self,
-        state: FoldState,
-        rid: str,
-        reason: RejectReason,
-        message: str,
-        out: StepOutput,
-        record: InputRecord | None = None,
-        decode: Decode | None = None,
-    ) -> None:
-        outcomes = evict(state, rid)
-        self._drop_stream(rid)
-        epoch = (
-            decode.cache_epoch
-            if decode
-            else next((o.cache_epoch for o in outcomes if isinstance(o, Reject)), -1)
-        )
-        details: dict[str, Any] = {"cache_epoch": epoch}
-        if decode is not None:
-            details["chunk_seqs"] = list(decode.chunk_seqs)
-        source = record or InputRecord(Position("", self._partition_of.get(rid, 0), -1), None, b"")
-        out.dead_letters.append(self._dead_letter(source, reason.value, details, message, rid))
+        evict(self.fold_state(partition), rid)
+        self._vocoder.drop(rid)
+        details = {"cache_epoch": decode.cache_epoch, "chunk_seqs": list(decode.chunk_seqs)}
+        source = window.record or InputRecord(Position("", partition, -1), None, b"")
+        reason, message = RejectReason.VOCODER_FAILED.value, f"{type(error).__name__}: {error}"
+        out.dead_letters.append(self._dead_letter(source, reason, details, message, rid))
 
     # -- records -------------------------------------------------------------------------------
 
@@ -617,45 +378,16 @@ class AudioPipeline:
         error: str,
         request_id: str | None = None,
     ) -> DeadLetter:
-        if request_id is None and record.key is not None:
-            request_id = record.key.decode("utf-8", "replace")
-        value, key = record.value, record.key
-        limit = self.config.dead_letter_raw_limit
-        truncated = len(value) + len(key or b"") > limit
-        if key is not None and len(key) > DEAD_LETTER_KEY_BYTES:
-            details = {**details, "raw_key_size": len(key), "raw_key_truncated": True}
-            key = key[:DEAD_LETTER_KEY_BYTES]
-        text = json.dumps(details, sort_keys=True, separators=(",", ":"), default=str)
-        if len(text) > DEAD_LETTER_TEXT_CHARS:
-            text = json.dumps({"truncated_details": _cut(text, DEAD_LETTER_TEXT_CHARS - 64)})
-        return DeadLetter(
-            reason=reason,
-            source_topic=record.position.topic,
-            source_partition=record.position.partition,
-            source_offset=record.position.offset,
-            raw_value=value[: min(DEAD_LETTER_PREFIX_BYTES, limit)] if truncated else value,
-            raw_key=key,
-            request_id=None if request_id is None else _cut(request_id, DEAD_LETTER_KEY_BYTES),
-            cache_epoch=_int_or_none(details.get("cache_epoch")),
-            chunk_seq=_int_or_none(details.get("chunk_seq")),
-            details_json=text,
-            error=_cut(error, DEAD_LETTER_TEXT_CHARS),
-            dead_lettered_at_ms=self._clock_ms(),
-            producer_id=self.config.producer_id,
-            raw_value_truncated=truncated,
-            raw_value_size=len(value),
-            raw_value_sha256=hashlib.sha256(value).hexdigest(),
+        config = self.config
+        limit, producer_id = config.dead_letter_raw_limit, config.producer_id
+        at_ms = self._clock_ms()
+        return dead_letter(
+            record,
+            reason,
+            details,
+            error,
+            request_id,
+            raw_limit=limit,
+            at_ms=at_ms,
+            producer_id=producer_id,
         )
-
-
-def _model_calls(facts: EngineFacts | None) -> tuple[int, int]:
-    """(flow, HiFT) calls the engine made so far (Code2WavEngine.calls); (0, 0) if untracked."""
-    return (0, 0) if facts is None else (facts.calls.flow, facts.calls.hift)
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

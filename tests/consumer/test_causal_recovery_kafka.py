@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from codeclog.consumers.member.service import VocodeConfig, VocoderService
-from codeclog.consumers.stream.pipeline import EngineMismatchError
+from codeclog.consumers.stream.engine import EngineMismatchError
 from codeclog.errors import exit_code
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk

@@ -7,16 +7,15 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.stream.fold.state import FoldConfig
-from codeclog.consumers.stream.limit import StateSizes
-from codeclog.consumers.stream.pipeline import (
-    AudioPipeline,
+from codeclog.consumers.stream.engine import (
     EngineFacts,
     EngineMismatchError,
-    PipelineConfig,
     check_checkpoint_fits,
     check_engine_fits,
 )
+from codeclog.consumers.stream.fold.state import FoldConfig
+from codeclog.consumers.stream.limit import StateSizes
+from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig
 from codeclog.schemas.records import MAX_CODEC_ID
 
 

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy
-from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig, pcm_s16le
+from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig
 from codeclog.kafka.records import InputRecord, Position
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk
+from codeclog.vocoder.shared import pcm_s16le
 
 SILENCE = (4218, 4218, 4218)
 
@@ -138,7 +139,10 @@ def test_a_dead_letter_keeps_a_bounded_prefix_of_a_huge_value() -> None:
     import hashlib
     import json
 
-    from codeclog.consumers.stream.pipeline import DEAD_LETTER_PREFIX_BYTES, DEAD_LETTER_RAW_LIMIT
+    from codeclog.consumers.stream.dead_letter import (
+        DEAD_LETTER_PREFIX_BYTES,
+        DEAD_LETTER_RAW_LIMIT,
+    )
 
     huge = wire.encode(_stream("a")[0]) + b"\x00" * DEAD_LETTER_RAW_LIMIT
     small = b"\x00garbage"

@@ -30,12 +30,8 @@ from hypothesis import strategies as st
 from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import Decode, Reject, RejectReason
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
-from codeclog.consumers.stream.pipeline import (
-    KEY_MISMATCH,
-    MISSING_KEY,
-    AudioPipeline,
-    PipelineConfig,
-)
+from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig
+from codeclog.consumers.stream.wire_input import KEY_MISMATCH, MISSING_KEY
 from codeclog.kafka.records import InputRecord, Position
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk, CodecChunk, ControlEvent, DeadLetter

@@ -17,7 +17,8 @@ from confluent_kafka import Producer
 
 from codeclog.consumers.member.service import VocodeConfig, VocoderService
 from codeclog.consumers.readers.verify import actual_audio, verify
-from codeclog.consumers.stream.pipeline import DEAD_LETTER_PREFIX_BYTES, MISSING_KEY
+from codeclog.consumers.stream.dead_letter import DEAD_LETTER_PREFIX_BYTES
+from codeclog.consumers.stream.wire_input import MISSING_KEY
 from codeclog.kafka.reader import read_partition
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk, DeadLetter, StreamCheckpoint

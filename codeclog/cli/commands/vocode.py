@@ -185,8 +185,8 @@ def run(args: argparse.Namespace) -> int:
     limits = limit_options(args)
     from codeclog.consumers.member.metrics import VocoderMetrics
     from codeclog.consumers.member.service import VocodeConfig, VocoderService
+    from codeclog.consumers.stream.engine import check_engine_fits
     from codeclog.consumers.stream.fold.state import FoldConfig
-    from codeclog.consumers.stream.pipeline import check_engine_fits
     from codeclog.vocoder.engine import Code2WavEngine
 
     try:  # before the (slow) model load: a port in use is reported at once
