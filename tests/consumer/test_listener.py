@@ -10,14 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from codeclog.consumers.readers.listener import (
-    Assembler,
-    AudioListener,
-    Isolation,
-    ListenerChunk,
-    ListenerConfig,
-    StartMode,
-)
+from codeclog.consumers.readers.assembler import Assembler, ListenerChunk, ListenerConfig
+from codeclog.consumers.readers.listener import AudioListener, Isolation, StartMode
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
 from tests.fake_kafka import FakeMessage

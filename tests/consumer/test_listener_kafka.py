@@ -18,7 +18,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from codeclog.consumers.member.service import VocodeConfig, VocoderService
-from codeclog.consumers.readers.listener import AudioListener, Isolation, ListenerChunk
+from codeclog.consumers.readers.assembler import ListenerChunk
+from codeclog.consumers.readers.listener import AudioListener, Isolation
 from codeclog.consumers.readers.verify import actual_audio, expected_audio
 from codeclog.consumers.stream.fold.state import Policy
 from codeclog.schemas import wire

@@ -1,0 +1,372 @@
+"""The pure listener: decoded AudioChunks in, ordered de-duplicated deliveries out.
+
+`Assembler` yields `ListenerChunk`s per (request, epoch), in window order (window_index;
+sample_offset places the PCM), each window once, with a clear end of stream (`end == "final"` on
+the epoch's final window). A later copy of a window (a speculative listener sees the copies of
+an aborted transaction, re-decoded after recovery) is compared with the first (bytes within a
+determinism domain, the numeric bound of consumers.readers.audio_compare across domains),
+counted, and never played twice. consumers/readers/listener.py feeds it from Kafka.
+
+Memory is bounded (ListenerConfig): at most `max_open_streams` open streams (the least recently
+opened is ended with `end == "evicted"` beyond it), per stream at most `max_pending` windows
+held out of order, the PCM of the last `keep_pcm` delivered windows (for cross-domain
+comparison of later copies) and the digests of the last `keep_digests`; ended streams keep
+their digests only, in an LRU of `max_ended`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from codeclog.consumers.readers.audio_compare import Bound, compare_bound, pcm_digest
+from codeclog.schemas.records import AudioChunk
+
+log = logging.getLogger("codeclog.listen")
+
+
+@dataclasses.dataclass(frozen=True)
+class ListenerConfig:
+    max_open_streams: int = 1024
+    max_pending: int = 4  # windows held per stream while an earlier one is missing
+    keep_pcm: int = 2  # PCM of the newest delivered windows, for cross-domain comparison
+    keep_digests: int = 32  # sha256 + domain of the newest delivered windows per stream
+    max_ended: int = 10_000  # ended streams remembered (digests only)
+    bound: Bound = dataclasses.field(default_factory=Bound)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ListenerChunk:
+    """One delivery: a window's PCM, or (pcm == b"", end set) a stream ended without audio."""
+
+    request_id: str
+    cache_epoch: int
+    window_index: int
+    sample_offset: int
+    sample_rate_hz: int
+    pcm: bytes
+    final: bool  # this is the epoch's final window
+    end: str | None  # None, "final", "superseded" (a newer epoch began), "evicted", "closed"
+    gap_samples: int  # samples missing right before this chunk (windows never received)
+    received_at: float  # listener clock (Unix seconds) when the first copy arrived
+    source_produced_at_ms: int
+    determinism_domain: str
+    written_at_ms: int = 0  # the audio record's Kafka timestamp (when the consumer produced it)
+
+    def __iter__(self) -> Iterator[Any]:  # (request, pcm) unpacking
+        return iter((self.request_id, self.pcm))
+
+
+@dataclasses.dataclass
+class StreamReport:
+    request_id: str
+    cache_epoch: int
+    windows: int = 0
+    samples: int = 0
+    first_audio_latency_s: float | None = None  # first delivery - produced_at of window 0
+    gap_windows: int = 0  # window indexes never received (skipped)
+    gap_samples: int = 0
+    max_interval_s: float = 0.0  # longest time between two deliveries of the stream
+    duplicates: int = 0  # later copies, identical (or within the bound across domains)
+    mismatches: int = 0  # later copies that differ (bytes within a domain / beyond the bound)
+    uncompared: int = 0  # later copies too old to compare (dropped all the same)
+    end: str | None = None
+
+
+@dataclasses.dataclass
+class ListenerStats:
+    records: int = 0
+    delivered: int = 0
+    duplicates: int = 0
+    differs_within_bound: int = 0
+    mismatches: int = 0
+    uncompared: int = 0
+    corrupt: int = 0  # pcm not matching its own sha256: dropped, a later copy may be good
+    skipped_old_epoch: int = 0  # older than the request's current epoch at start
+    stale: int = 0  # a copy of an epoch older than the request's stream
+    after_final: int = 0
+    gap_windows: int = 0
+    evicted: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class _Seen:
+    sha256: str
+    domain: str
+    pcm: bytes | None
+
+
+class _Stream:
+    __slots__ = ("last_at", "next_index", "next_sample", "pcm_kept", "pending", "report", "seen")
+
+    def __init__(self, request_id: str, epoch: int) -> None:
+        self.report = StreamReport(request_id, epoch)
+        self.next_index = 0
+        self.next_sample = 0
+        self.pending: dict[int, tuple[AudioChunk, float, int]] = {}  # chunk, arrived, written
+        self.seen: collections.OrderedDict[int, _Seen] = collections.OrderedDict()
+        self.pcm_kept: collections.deque[int] = collections.deque()
+        self.last_at: float | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.report.cache_epoch
+
+    @property
+    def ended(self) -> bool:
+        return self.report.end is not None
+
+    def buffered_bytes(self) -> int:
+        held = sum(len(chunk.pcm_s16le) for chunk, _, _ in self.pending.values())
+        return held + sum(len(s.pcm) for s in self.seen.values() if s.pcm is not None)
+
+
+class Assembler:
+    """The pure listener: decoded audio chunks in, ordered de-duplicated deliveries out."""
+
+    def __init__(
+        self,
+        config: ListenerConfig | None = None,
+        requests: Iterable[str] = (),
+        epoch_floor: dict[str, int] | None = None,
+    ) -> None:
+        self.config = config or ListenerConfig()
+        self.requests = frozenset(requests)
+        self.epoch_floor = dict(epoch_floor or {})  # request -> its current epoch at start
+        self.stats = ListenerStats()
+        self._open: collections.OrderedDict[str, _Stream] = collections.OrderedDict()
+        self._ended: collections.OrderedDict[str, _Stream] = collections.OrderedDict()
+        # every ended stream's report, superseded epochs included (_ended keeps one per request)
+        self._finished: collections.deque[StreamReport] = collections.deque(
+            maxlen=self.config.max_ended
+        )
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def open_streams(self) -> int:
+        return len(self._open)
+
+    def buffered_bytes(self) -> int:
+        """PCM bytes the listener holds (pending windows and kept copies for comparison)."""
+        return sum(stream.buffered_bytes() for stream in self._open.values())
+
+    def max_buffered_bytes(self, window_bytes: int) -> int:
+        """The bound on buffered_bytes() when no window exceeds `window_bytes`."""
+        per_stream = (self.config.max_pending + self.config.keep_pcm) * window_bytes
+        return self.config.max_open_streams * per_stream
+
+    def remembered_streams(self) -> int:
+        return len(self._open) + len(self._ended)
+
+    def reports(self) -> list[StreamReport]:
+        """Every stream's report: the ended ones (the newest `max_ended`), then the open ones."""
+        return [*self._finished, *(s.report for s in self._open.values())]
+
+    def ended(self, request_id: str) -> StreamReport | None:
+        stream = self._open.get(request_id) or self._ended.get(request_id)
+        return stream.report if stream is not None and stream.ended else None
+
+    # -- the fold of one chunk ------------------------------------------------------------------
+
+    def offer(self, chunk: AudioChunk, now: float, written_at_ms: int = 0) -> list[ListenerChunk]:
+        """Fold one copy of a window (`written_at_ms`: its record's Kafka timestamp, if known)."""
+        self.stats.records += 1
+        rid = chunk.request_id
+        if self.requests and rid not in self.requests:
+            return []
+        if chunk.cache_epoch < self.epoch_floor.get(rid, -(2**62)):
+            self.stats.skipped_old_epoch += 1
+            return []
+        if pcm_digest(chunk.pcm_s16le) != chunk.sha256:
+            self.stats.corrupt += 1
+            log.warning("corrupt window %s epoch %d #%d dropped", rid, chunk.cache_epoch,
+                        chunk.window_index)  # fmt: skip
+            return []
+        out: list[ListenerChunk] = []
+        stream = self._open.get(rid) or self._ended.get(rid)
+        if stream is not None and chunk.cache_epoch < stream.epoch:
+            self.stats.stale += 1
+            return []
+        if stream is None or chunk.cache_epoch > stream.epoch:
+            if stream is not None and not stream.ended:
+                out += self._end(stream, "superseded", now)
+            self._ended.pop(rid, None)
+            stream = _Stream(rid, chunk.cache_epoch)
+            self._open[rid] = stream
+            out += self._enforce_cap(now)
+        out += self._window(stream, chunk, now, written_at_ms)
+        return out
+
+    def close(self, now: float) -> list[ListenerChunk]:
+        """End every open stream (`end == "closed"`), delivering what is held."""
+        out: list[ListenerChunk] = []
+        for stream in list(self._open.values()):
+            out += self._end(stream, "closed", now)
+        return out
+
+    def _window(
+        self, stream: _Stream, chunk: AudioChunk, now: float, written_at_ms: int
+    ) -> list[ListenerChunk]:
+        index = chunk.window_index
+        if index < stream.next_index or index in stream.pending:
+            self._later_copy(stream, chunk)
+            return []
+        if stream.ended:
+            self.stats.after_final += 1
+            return []
+        stream.pending[index] = (chunk, now, written_at_ms)
+        out = self._drain(stream, now)
+        if stream.pending and (
+            len(stream.pending) > self.config.max_pending
+            or any(c.final for c, _, _ in stream.pending.values())
+        ):
+            out += self._skip_gap(stream, now)
+        return out
+
+    def _drain(self, stream: _Stream, now: float) -> list[ListenerChunk]:
+        out = []
+        while stream.next_index in stream.pending and not stream.ended:
+            chunk, arrived, written = stream.pending.pop(stream.next_index)
+            out.append(self._deliver(stream, chunk, arrived, written, now))
+        return out
+
+    def _skip_gap(self, stream: _Stream, now: float) -> list[ListenerChunk]:
+        out: list[ListenerChunk] = []
+        while stream.pending and not stream.ended:
+            first = min(stream.pending)
+            missing = first - stream.next_index
+            stream.report.gap_windows += missing
+            self.stats.gap_windows += missing
+            log.warning("request %s epoch %d: windows %d..%d never arrived", stream.report.
+                        request_id, stream.epoch, stream.next_index, first - 1)  # fmt: skip
+            stream.next_index = first
+            out += self._drain(stream, now)
+        return out
+
+    def _deliver(
+        self, stream: _Stream, chunk: AudioChunk, arrived: float, written: int, now: float
+    ) -> ListenerChunk:
+        report = stream.report
+        gap = max(0, chunk.sample_offset - stream.next_sample) if stream.next_index > 0 else 0
+        if stream.next_index == 0:
+            gap = max(0, chunk.sample_offset)
+        report.gap_samples += gap
+        samples = len(chunk.pcm_s16le) // 2
+        stream.next_index = chunk.window_index + 1
+        stream.next_sample = chunk.sample_offset + samples
+        report.windows += 1
+        report.samples += samples
+        if report.first_audio_latency_s is None and chunk.source_produced_at_ms > 0:
+            report.first_audio_latency_s = max(0.0, arrived - chunk.source_produced_at_ms / 1000)
+        if stream.last_at is not None:
+            report.max_interval_s = max(report.max_interval_s, now - stream.last_at)
+        stream.last_at = now
+        self._remember(stream, chunk)
+        self.stats.delivered += 1
+        if chunk.final:
+            report.end = "final"
+            self._retire(stream)
+        return ListenerChunk(
+            chunk.request_id,
+            chunk.cache_epoch,
+            chunk.window_index,
+            chunk.sample_offset,
+            chunk.sample_rate_hz,
+            chunk.pcm_s16le,
+            chunk.final,
+            report.end,
+            gap,
+            arrived,
+            chunk.source_produced_at_ms,
+            chunk.determinism_domain,
+            written,
+        )
+
+    def _remember(self, stream: _Stream, chunk: AudioChunk) -> None:
+        keep = self.config.keep_pcm > 0
+        stream.seen[chunk.window_index] = _Seen(
+            chunk.sha256, chunk.determinism_domain, chunk.pcm_s16le if keep else None
+        )
+        if keep:
+            stream.pcm_kept.append(chunk.window_index)
+            while len(stream.pcm_kept) > self.config.keep_pcm:
+                old = stream.seen.get(stream.pcm_kept.popleft())
+                if old is not None:
+                    old.pcm = None
+        while len(stream.seen) > self.config.keep_digests:
+            stream.seen.popitem(last=False)
+
+    def _later_copy(self, stream: _Stream, chunk: AudioChunk) -> None:
+        held = stream.pending.get(chunk.window_index)
+        if held is not None:
+            first = _Seen(held[0].sha256, held[0].determinism_domain, held[0].pcm_s16le)
+        else:
+            found = stream.seen.get(chunk.window_index)
+            if found is None:
+                stream.report.uncompared += 1
+                self.stats.uncompared += 1
+                return
+            first = found
+        if first.sha256 == chunk.sha256:
+            stream.report.duplicates += 1
+            self.stats.duplicates += 1
+            return
+        same_domain = first.domain == chunk.determinism_domain and first.domain != ""
+        if not same_domain and first.pcm is not None:
+            verdict = compare_bound(first.pcm, chunk.pcm_s16le, self.config.bound)
+            if verdict.ok:
+                stream.report.duplicates += 1
+                self.stats.duplicates += 1
+                self.stats.differs_within_bound += 1
+                return
+        elif not same_domain:
+            stream.report.uncompared += 1
+            self.stats.uncompared += 1
+            return
+        stream.report.mismatches += 1
+        self.stats.mismatches += 1
+        log.warning(
+            "request %s epoch %d window %d: a later copy differs (%s vs %s); the first was played",
+            chunk.request_id,
+            chunk.cache_epoch,
+            chunk.window_index,
+            first.domain or "unknown",
+            chunk.determinism_domain or "unknown",
+        )
+
+    def _end(self, stream: _Stream, reason: str, now: float) -> list[ListenerChunk]:
+        out = self._skip_gap(stream, now)
+        if stream.ended:
+            return out
+        stream.report.end = reason
+        self._retire(stream)
+        report = stream.report
+        out.append(
+            ListenerChunk(report.request_id, report.cache_epoch, stream.next_index,
+                          stream.next_sample, 0, b"", False, reason, 0, now, 0, "")
+        )  # fmt: skip
+        return out
+
+    def _retire(self, stream: _Stream) -> None:
+        rid = stream.report.request_id
+        self._open.pop(rid, None)
+        stream.pending.clear()
+        for seen in stream.seen.values():
+            seen.pcm = None
+        stream.pcm_kept.clear()
+        self._ended[rid] = stream
+        self._ended.move_to_end(rid)
+        self._finished.append(stream.report)
+        while len(self._ended) > self.config.max_ended:
+            self._ended.popitem(last=False)
+
+    def _enforce_cap(self, now: float) -> list[ListenerChunk]:
+        out: list[ListenerChunk] = []
+        while len(self._open) > self.config.max_open_streams:
+            oldest = next(iter(self._open.values()))
+            self.stats.evicted += 1
+            out += self._end(oldest, "evicted", now)
+        return out
