@@ -50,7 +50,7 @@ def measure(
         }
     )
     consumer.assign([TopicPartition(source, 0, 0)])
-    from codeclog.consumers.member.transaction import transactional_producer_config
+    from codeclog.consumers.member.producer_config import transactional_producer_config
 
     client = {"bootstrap.servers": bootstrap}
     producer = Producer(transactional_producer_config(client, f"txn-bench-{run}", 60_000))

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import KafkaException, TopicPartition
 
+from codeclog.consumers.member.boundary import TransactionBoundary, TransactionError
 from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.intake import Intake
 from codeclog.consumers.member.metrics import VocoderMetrics, observe_step
@@ -26,12 +27,7 @@ from codeclog.consumers.member.progress import CheckpointWriter
 from codeclog.consumers.member.recovery import Recovery, RecoverySource
 from codeclog.consumers.member.refusals import Refusals
 from codeclog.consumers.member.startup import cluster_facts
-from codeclog.consumers.member.transaction import (
-    CLOSE_ON_FAILURE_S,
-    TransactionBoundary,
-    TransactionError,
-    Transactions,
-)
+from codeclog.consumers.member.transaction import CLOSE_ON_FAILURE_S, Transactions
 from codeclog.consumers.member.writes import step_writes
 from codeclog.consumers.stream.dead_letter import DEAD_LETTER_RAW_LIMIT
 from codeclog.consumers.stream.engine import EngineMismatchError, VocoderEngine

@@ -1,7 +1,8 @@
 """The transaction boundary: one Kafka transaction per step, strictly one after another.
 
-The member talks to it only through `TransactionBoundary`; `Transactions` is its one
-implementation.
+The member talks to it only through `TransactionBoundary` (consumers/member/boundary.py);
+`Transactions` is its one implementation. The commit in flight is a `BackgroundCommit`
+(consumers/member/commit.py); the producer's settings are in consumers/member/producer_config.py.
 
 A step's transaction carries its audio chunks, its dead letters, a checkpoint per touched
 request and the consumed offsets (`send_offsets_to_transaction`): everything of the step is
@@ -25,11 +26,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from codeclog.consumers.member.boundary import TransactionError
+from codeclog.consumers.member.commit import BackgroundCommit
 from codeclog.consumers.member.metrics import VocoderMetrics
+from codeclog.consumers.member.producer_config import transactional_producer_config
 from codeclog.consumers.member.writes import Write
 from codeclog.errors import CodeclogError
 from codeclog.kafka import calls as kafka_calls
@@ -44,61 +48,12 @@ from codeclog.kafka.calls import (
     one_line,
     raise_if_denied,
 )
-from codeclog.kafka.log import client_settings
 
 log = logging.getLogger("codeclog.vocode")
 
-TransactionError = KafkaException | StuckCallError
 RETRY_PAUSE_S = 1.0  # between two init_transactions attempts at start
 CLOSE_ON_FAILURE_S = 2.0  # abort, close and flush bounds once the member is exiting 1
 Refusal = Callable[[BaseException], CodeclogError | None]
-
-
-class TransactionBoundary(Protocol):
-    """Everything the member asks of its transactions (and nothing is set on them)."""
-
-    @property
-    def abandoned(self) -> int:
-        """Producers given up on (stuck or fatal): the process must not destroy them."""
-
-    def start(self, retry_for_s: float, stop: threading.Event) -> None:
-        """A producer with transactions initialised (fencing a predecessor)."""
-
-    def ensure_producer(self, reason: str = "") -> None:
-        """Replace a producer given up on; finish a pending initialisation."""
-
-    def await_commit(self) -> None:
-        """Wait for the previous step's commit; raise its failure here (once)."""
-
-    def write_step(
-        self,
-        writes: Sequence[Write],
-        positions: list[TopicPartition],
-        group_metadata: Any,
-        on_committed: Callable[[], None],
-    ) -> None:
-        """One step's transaction: its records and consumed positions, committed in the
-        background; `on_committed` runs after a commit that counts."""
-
-    def join(self) -> None:
-        """Wait for the commit in flight without raising (its failure stays recorded)."""
-
-    def handle_error(self, exc: TransactionError) -> None:
-        """Abort (or give up on the producer) after a failed call; raise when the member must
-        end (fenced, refused)."""
-
-    def mark_wedged(self) -> None:
-        """A call around the producer got stuck: replace it before the next transaction."""
-
-    def end_on_failure(self) -> None:
-        """The member is ending: short bounds, the commit joined, the open one aborted."""
-
-    def end_refused(self) -> None:
-        """The member is ending on a refusal: short bounds, nothing aborted (it would be
-        refused too)."""
-
-    def close(self) -> None:
-        """Flush and drop the producer."""
 
 
 class Transactions:
@@ -124,9 +79,7 @@ class Transactions:
         self.closing_timeout_s: float | None = None  # short bounds once the member exits 1
         self._needs_init = False
         self._abandoned: list[Producer] = []  # replaced producers: never destroyed (may block)
-        self._committing: threading.Thread | None = None  # the previous step's commit
-        self._commit_error: TransactionError | None = None
-        self._generation = 0  # bumped when a stuck commit is abandoned
+        self._commit = BackgroundCommit()  # the previous step's commit
         # A refused login or ACL as the error to end with (exit 2), None for any other error
         self.refusal = refusal
         # The defence against late requests (README, "How recovery works"); off only in the
@@ -143,7 +96,7 @@ class Transactions:
 
     @property
     def committing(self) -> bool:
-        return self._committing is not None
+        return self._commit.running
 
     # -- the producer ---------------------------------------------------------------------------
 
@@ -179,7 +132,7 @@ class Transactions:
             if self.producer is not None:
                 log.warning("replacing the transactional producer (%s)", reason)
                 if self._retiring:
-                    self._retire(self.producer)
+                    _close_retired(self.producer, self.kafka_timeout_s)
                 else:
                     self._abandoned.append(self.producer)  # never destroyed: it may be stuck
             self._retiring = False
@@ -194,20 +147,6 @@ class Transactions:
                 if error is not None and error.fatal():
                     self.wedged = True
                 raise
-
-    def _retire(self, producer: Producer) -> None:
-        """A producer replaced after an indefinite outcome (not stuck): purged, flushed and
-        destroyed on a daemon thread, so its threads and sockets do not pile up."""
-        bound = self.kafka_timeout_s
-
-        def close() -> None:
-            try:
-                producer.purge()
-                producer.flush(bound)
-            except (KafkaException, RuntimeError) as exc:
-                log.debug("closing a retired producer: %s", exc)
-
-        threading.Thread(target=close, name="codeclog-retire", daemon=True).start()
 
     def close(self) -> None:
         """Flush and drop the producer (a wedged one is abandoned, never flushed)."""
@@ -296,40 +235,23 @@ class Transactions:
     def commit_in_background(self, on_committed: Callable[[], None]) -> None:
         """Commit the open transaction on a helper thread; `on_committed` runs there after a
         commit that still counts (not abandoned as stuck meanwhile)."""
-        self._committing = threading.Thread(
-            target=self._commit, args=(on_committed,), name="codeclog-commit", daemon=True
-        )
-        self._committing.start()
+        self._commit.start(self._commit_open, on_committed)
 
-    def _commit(self, on_committed: Callable[[], None]) -> None:
+    def _commit_open(self) -> None:
         assert self.producer is not None
-        generation = self._generation
-        try:
-            self.producer.commit_transaction(self.kafka_timeout_s)
-        except KafkaException as exc:
-            if generation == self._generation:
-                self._commit_error = exc
-            return
-        if generation == self._generation:  # else abandoned as stuck: it no longer counts
-            on_committed()
+        self.producer.commit_transaction(self.kafka_timeout_s)
 
     def join(self) -> None:
         """Wait for the commit in flight without raising (rebalance callbacks, shutdown): a
         failure stays recorded for `await_commit`. A commit still running after its timeout
         plus CALL_GRACE_S is stuck: abandoned, recorded as the failure."""
-        if self._committing is not None:
-            limit = self.kafka_timeout_s + kafka_calls.CALL_GRACE_S
-            self._committing.join(limit)
-            if self._committing.is_alive():
-                self._generation += 1  # whatever it does later no longer counts
-                self._commit_error = StuckCallError("commit_transaction", limit)
-            self._committing = None
+        self._commit.join(self.kafka_timeout_s + kafka_calls.CALL_GRACE_S)
 
     def await_commit(self) -> None:
         """Wait for the previous step's commit; re-raise its failure here, on the caller's
         thread (once)."""
         self.join()
-        error, self._commit_error = self._commit_error, None
+        error = self._commit.take_error()
         if error is not None:
             raise error
 
@@ -410,32 +332,21 @@ class Transactions:
         return False
 
 
-def transactional_producer_config(
-    client_config: dict[str, str], transactional_id: str, transaction_timeout_ms: int
-) -> dict[str, Any]:
-    """The service's transactional producer (bench/bench_transaction.py measures the same)."""
-    config = client_settings(client_config)
-    config.update(
-        {
-            "transactional.id": transactional_id,
-            "enable.idempotence": True,
-            "linger.ms": 1,
-            # A step's transaction begins right after the previous commit, while the
-            # coordinator may still be writing its markers: it answers CONCURRENT_TRANSACTIONS
-            # and librdkafka retries after retry.backoff.ms, doubling up to the max. Measured
-            # on the local broker, back-to-back steps (bench_transaction.py): p50 ~110 ms with
-            # the default 100, 14 ms with 10, 5 ms with 1. Other retries back off the same way.
-            "retry.backoff.ms": 1,
-            "retry.backoff.max.ms": 100,
-            "transaction.timeout.ms": transaction_timeout_ms,
-            "partitioner": "murmur2_random",
-            "message.max.bytes": 4_000_000,
-        }
-    )
-    return config
-
-
 def _indefinite(exc: BaseException) -> bool:
     """A timeout whose request may still land: its outcome is unknown (INDEFINITE_CODES)."""
     error = kafka_error(exc)
     return error is not None and error.code() in INDEFINITE_CODES
+
+
+def _close_retired(producer: Producer, bound: float) -> None:
+    """A producer replaced after an indefinite outcome (not stuck): purged, flushed and
+    destroyed on a daemon thread, so its threads and sockets do not pile up."""
+
+    def close() -> None:
+        try:
+            producer.purge()
+            producer.flush(bound)
+        except (KafkaException, RuntimeError) as exc:
+            log.debug("closing a retired producer: %s", exc)
+
+    threading.Thread(target=close, name="codeclog-retire", daemon=True).start()

@@ -1,0 +1,62 @@
+"""The transaction boundary as the member sees it: `TransactionBoundary`, everything the member
+asks of its transactions (consumers/member/transaction.py has its one implementation)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from codeclog.consumers.member.writes import Write
+from codeclog.kafka.calls import StuckCallError
+
+TransactionError = KafkaException | StuckCallError
+
+
+class TransactionBoundary(Protocol):
+    """Everything the member asks of its transactions (and nothing is set on them)."""
+
+    @property
+    def abandoned(self) -> int:
+        """Producers given up on (stuck or fatal): the process must not destroy them."""
+
+    def start(self, retry_for_s: float, stop: threading.Event) -> None:
+        """A producer with transactions initialised (fencing a predecessor)."""
+
+    def ensure_producer(self, reason: str = "") -> None:
+        """Replace a producer given up on; finish a pending initialisation."""
+
+    def await_commit(self) -> None:
+        """Wait for the previous step's commit; raise its failure here (once)."""
+
+    def write_step(
+        self,
+        writes: Sequence[Write],
+        positions: list[TopicPartition],
+        group_metadata: Any,
+        on_committed: Callable[[], None],
+    ) -> None:
+        """One step's transaction: its records and consumed positions, committed in the
+        background; `on_committed` runs after a commit that counts."""
+
+    def join(self) -> None:
+        """Wait for the commit in flight without raising (its failure stays recorded)."""
+
+    def handle_error(self, exc: TransactionError) -> None:
+        """Abort (or give up on the producer) after a failed call; raise when the member must
+        end (fenced, refused)."""
+
+    def mark_wedged(self) -> None:
+        """A call around the producer got stuck: replace it before the next transaction."""
+
+    def end_on_failure(self) -> None:
+        """The member is ending: short bounds, the commit joined, the open one aborted."""
+
+    def end_refused(self) -> None:
+        """The member is ending on a refusal: short bounds, nothing aborted (it would be
+        refused too)."""
+
+    def close(self) -> None:
+        """Flush and drop the producer."""
