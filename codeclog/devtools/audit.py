@@ -75,12 +75,20 @@ def decode(value: bytes, schemas: dict[bytes, tuple[str, Any]]) -> tuple[str, di
 
 def read_values(client: dict[str, str], topic: str) -> list[bytes]:
     """Every committed value of `topic`, all partitions, up to their ends."""
+    return [value for _, _, value in read_records(client, topic)]
+
+
+def read_records(
+    client: dict[str, str], topic: str, isolation: str = "read_committed"
+) -> list[tuple[int, int, bytes]]:
+    """(partition, offset, value) of every record of `topic` a reader of `isolation` sees, all
+    partitions, up to their ends (the history checker reads both isolations)."""
     consumer = Consumer(
         {
             **client,
             "group.id": "codeclog-audit",
             "enable.auto.commit": False,
-            "isolation.level": "read_committed",
+            "isolation.level": isolation,
             "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
             "log_level": 2,
@@ -90,7 +98,7 @@ def read_values(client: dict[str, str], topic: str) -> list[bytes]:
         metadata = consumer.list_topics(topic, timeout=30)
         partitions = sorted(metadata.topics[topic].partitions)
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        waiting, values = set(partitions), []
+        waiting, records = set(partitions), []
         idle = 0.0
         while waiting:
             messages = consumer.consume(500, 0.5)
@@ -103,8 +111,10 @@ def read_values(client: dict[str, str], topic: str) -> list[bytes]:
                     if error.code() == KafkaError._PARTITION_EOF:
                         waiting.discard(message.partition())
                     continue
-                values.append(message.value() or b"")
-        return values
+                records.append(
+                    (message.partition() or 0, message.offset() or 0, message.value() or b"")
+                )
+        return records
     finally:
         consumer.close()
 

@@ -373,7 +373,7 @@ def pid_runs_broker(pid: int, properties_path: Path) -> bool:
     _reap_if_child(pid)
     cmdline_path = Path(f"/proc/{pid}/cmdline")
     if not Path("/proc/self/cmdline").exists():
-        return _pid_exists(pid)  # no procfs (macOS): the best check available
+        return pid_exists(pid)  # no procfs (macOS): the best check available
     try:
         cmdline = cmdline_path.read_bytes()
     except OSError:
@@ -387,7 +387,7 @@ def _reap_if_child(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def _pid_exists(pid: int) -> bool:
+def pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -33,9 +33,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
-from codeclog.devtools.audit import decode, shipped_schemas
+from codeclog.devtools.audit import decode, read_records, shipped_schemas
 
 KINDS = ("lost", "duplicated", "aborted_read", "torn", "out_of_order")
 ENDED_EPOCH = ("evicted", "aborted", "vocoder_failed")  # dead letters that end a stream
@@ -216,44 +216,12 @@ def _frames(fields: dict[str, Any]) -> int:
 def _decoded(
     client: dict[str, str], topic: str, isolation: str, schemas: Any
 ) -> Iterator[tuple[int, int, str, dict[str, Any]]]:
-    for partition, offset, value in _read(client, topic, isolation):
+    for partition, offset, value in read_records(client, topic, isolation):
         try:
             name, fields = decode(value, schemas)
         except ValueError:
             continue
         yield partition, offset, name, fields
-
-
-def _read(client: dict[str, str], topic: str, isolation: str) -> list[tuple[int, int, bytes]]:
-    consumer = Consumer(
-        {
-            **client,
-            "group.id": "codeclog-history",
-            "enable.auto.commit": False,
-            "isolation.level": isolation,
-            "enable.partition.eof": True,
-            "log_level": 2,
-        }
-    )
-    try:
-        partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        waiting, out, idle = set(partitions), [], 0
-        while waiting and idle < 60:
-            messages = consumer.consume(500, 0.5)
-            idle = 0 if messages else idle + 1
-            for m in messages:
-                error = m.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        waiting.discard(m.partition())
-                    continue
-                out.append((m.partition() or 0, m.offset() or 0, m.value() or b""))
-        if waiting:
-            raise RuntimeError(f"{topic} ({isolation}): {sorted(waiting)} not read to the end")
-        return out
-    finally:
-        consumer.close()
 
 
 def _committed_offsets(client: dict[str, str], topic: str, group: str) -> dict[int, int]:

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from codeclog.devtools.broker import HOST, tcp_accepts
+from codeclog.devtools.broker import HOST, pid_exists, tcp_accepts
 from codeclog.errors import CodeclogError, UsageError
 from codeclog.paths import default_cache_dir as cache_dir
 
@@ -148,7 +148,7 @@ class Toxiproxy:
             pid = int(json.loads(self.state_path.read_text())["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return pid if _alive(pid) and tcp_accepts(self.api_port) else None
+        return pid if pid_exists(pid) and tcp_accepts(self.api_port) else None
 
     def start(self, nodes: Iterable[NodeLinks]) -> None:
         """Start the server if it is not running, then make every proxy (idempotent)."""
@@ -225,16 +225,6 @@ class Toxiproxy:
                 "started (`codeclog broker start`)?"
             ) from exc
         return json.loads(text)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ----------------------------------------------------------------------------- faults

@@ -131,7 +131,8 @@ class LiveTalker(threading.Thread):
     def stop(self, timeout_s: float) -> None:
         """No new round; wait up to `timeout_s` for the current one to end."""
         self.halt.set()
-        self.join(timeout_s)
+        if self.ident is not None:  # a run that failed before the talker started: no wait
+            self.join(timeout_s)
 
     @property
     def delivered_everything(self) -> bool:
