@@ -11,13 +11,18 @@ streams of a batch advance together in one `decode_chunk_batch` call per window.
 Both use the best timed window: on a shared machine other load only ever adds time (the mean
 is printed too).
 
+`--gemms whole,per-row` times each batch both ways: one GEMM over the batch (a GPU engine) and
+one GEMM per request row (`per_row_gemms`, what a batch-invariant CPU engine does); the last
+column is the per-row time over the whole-batch time at that batch.
+
 Run: python -m bench.bench_flow [--configs tiny,full] [--batches 1,4,16] [--device cpu|cuda]
-Prints one Markdown table row per (config, batch) and the exact command.
+Prints one Markdown table row per (config, batch, GEMMs) and the exact command.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import platform
@@ -44,6 +49,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--windows", type=int, default=None, help="timed windows (default: tiny 5, full 2)"
     )
     parser.add_argument("--prompt-tokens", type=int, default=25, help="prompt length in ids")
+    parser.add_argument(
+        "--gemms",
+        default="whole",
+        help="comma list of whole (one GEMM per batch) and per-row (one per request row)",
+    )
     parser.add_argument("--n-timesteps", type=int, default=10, help="Euler steps per window")
     parser.add_argument("--seed", type=int, default=7, help="seed of prompts and ids")
     return parser.parse_args(argv)
@@ -109,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch  # after argparse: --help works without torch
 
     from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
+    from codeclog.vocoder.flow.stable import per_row_gemms
 
     torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -124,20 +135,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         flow = Token2WavFlow(config, device=args.device)
         windows = args.windows or (5 if name.strip() == "tiny" else 2)
         for batch in (int(b) for b in args.batches.split(",")):
-            print(f"{name} batch {batch}: timing {windows} window(s)...", file=sys.stderr)
-            result = time_batch(flow, args, batch, windows)
-            rows.append((name, batch, windows, result))
+            for gemms in args.gemms.split(","):
+                print(
+                    f"{name} batch {batch} {gemms}: timing {windows} window(s)...", file=sys.stderr
+                )
+                with per_row_gemms() if gemms == "per-row" else contextlib.nullcontext():
+                    result = time_batch(flow, args, batch, windows)
+                rows.append((name, batch, gemms, windows, result))
         del flow
     print(
-        "\n| config | device | batch | timed windows | s / window (best, mean) "
-        "| RTF per stream | aggregate RTF | state MB / stream | machine |"
+        "\n| config | device | batch | GEMMs | timed windows | s / window (best, mean) "
+        "| RTF per stream | aggregate RTF | state MB / stream | machine | vs whole |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, batch, windows, r in rows:
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    whole = {(n, b): r["best_s"] for n, b, g, _, r in rows if g == "whole"}
+    for name, batch, gemms, windows, r in rows:
+        base = whole.get((name, batch))
+        ratio = f"{r['best_s'] / base:.2f}x" if base else "-"
         print(
-            f"| {name} | {args.device} | {batch} | {windows} "
+            f"| {name} | {args.device} | {batch} | {gemms} | {windows} "
             f"| {r['best_s']:.3f}, {r['mean_s']:.3f} | {r['rtf_stream']:.3f} "
-            f"| {r['rtf_aggregate']:.4f} | {r['state_mb']:.1f} | {machine(args)} |"
+            f"| {r['rtf_aggregate']:.4f} | {r['state_mb']:.1f} | {machine(args)} | {ratio} |"
         )
     print(
         f"\ncommand: `{command.strip()}` (n_timesteps {args.n_timesteps}, "

@@ -38,17 +38,17 @@ new_frames * 960 and the final window new_frames * 960 + 3840: a whole stream em
 one variant is refused by an engine of the other (`FOREIGN_STATE`), the variant is part of the
 state signature and of the determinism domain (":causal"), and ragged batching is refused.
 
-Batching and exactness: `decode_batch` groups items by (window length, final, state signature)
-and runs one flow call and one HiFT call per group (HiFT per row on CPU, see below). A
-request's audio never depends on its batch mates: its HiFT noise comes from its own generator
-(seeded by `window_seed(seed, window_index)`) and, with `batch_invariant` (the default on CPU),
-the flow uses batch-invariant kernels and HiFT vocodes row by row, so a batched run gives every
-request exactly the bytes of a solo run. That same exactness lets a CPU batch use several cores:
-each group is cut into contiguous slices that `workers` threads decode side by side (flow and
-HiFT of a slice in one thread, torch releases the GIL inside its kernels); any slicing gives the
-same bytes. On
-CUDA the default is a real batched HiFT call; results then depend on the batch composition (see
-token2wav.md 4.4) and are reproducible for the same stack and batch membership only.
+Batching and exactness: `decode_batch` groups items by (window length, final, state signature) and
+runs one flow call and one HiFT call per group (HiFT per row on CPU, see below). A request's audio
+never depends on its batch mates: its HiFT noise comes from its own generator (seeded by
+`window_seed(seed, window_index)`) and, with `batch_invariant` (the default on CPU), the flow uses
+batch-invariant kernels with one GEMM per request row (`per_row_gemms`: the shapes a CPU kernel sees
+never depend on the batch) and HiFT vocodes row by row, so a batched run gives every request exactly
+the bytes of a solo run. That same exactness lets a CPU batch use several cores: each group is cut
+into contiguous slices that `workers` threads decode side by side (flow and HiFT of a slice in one
+thread, torch releases the GIL inside its kernels); any slicing gives the same bytes. On CUDA the
+default is a real batched HiFT call; results then depend on the batch composition (see token2wav.md
+4.4) and are reproducible for the same stack and batch membership only.
 
 Ragged batching (`batching="ragged"`, opt-in; docs/vocoder.md "Ragged batching"): every
 window of the call in one flow call and one HiFT call per final flag, padded and masked
@@ -72,7 +72,7 @@ import contextlib
 import dataclasses
 import enum
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypedDict, Unpack
@@ -106,6 +106,7 @@ from codeclog.vocoder.domain import determinism_domain, engine_domain_suffix
 from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
 from codeclog.vocoder.flow import FlowState, Token2WavFlow
 from codeclog.vocoder.flow.ragged import decode_ragged
+from codeclog.vocoder.flow.stable import per_row_gemms
 from codeclog.vocoder.hift import (
     HiftCache,
     HiftConfig,
@@ -311,9 +312,16 @@ class Code2WavEngine:
         """Codec ids this engine accepts are 0 .. vocab_size - 1."""
         return int(self.flow_config.vocab_size)
 
-    def scope(self) -> contextlib.AbstractContextManager[None]:
-        """The engine's kernels for the calling thread (see vocoder.kernels)."""
-        return kernel_scope(self.kernels)
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """The engine's kernels for the calling thread (see vocoder.kernels) and, when it is
+        batch-invariant, one GEMM per request row (vocoder.flow.stable.per_row_gemms)."""
+        with kernel_scope(self.kernels):
+            if not self.batch_invariant:
+                yield
+                return
+            with per_row_gemms():
+                yield
 
     # -- construction ------------------------------------------------------------------------
 

@@ -2,25 +2,35 @@
 
 A batched decode must give every request exactly the bytes it would get alone, because the
 consumer's live (batched) audio is compared with an offline replay (batch of one). On CPU the
-stock kernels break that in three places (measured with torch 2.15 / MKL 2024.2 / oneDNN 3.13
-on AVX2; see tests/vocoder/test_flow_batching.py):
+stock kernels break that in four places (measured with torch 2.15 / MKL 2024.2 / oneDNN 3.13;
+see tests/vocoder/test_flow_batching.py):
 
 - `F.linear` takes a different GEMM path when the row count M is small (M < 12 and not a
-  multiple of 4 differ from M >= 12 in the last bits), e.g. the adaLN rows (M = 2 per request)
-  or a short final window;
+  multiple of 4 differ from M >= 12 in the last bits on an AMD AVX2 CPU), e.g. the adaLN rows
+  (M = 2 per request) or a short final window;
+- on an Intel AVX2 CPU (measured under `qemu-x86_64 -cpu Haswell-v4`) MKL's GEMM gives a row
+  different last bits at M = 25 and M = 100 as well (the encoder's pre-lookahead convolution of
+  the tiny model: K = 128, N = 32), so no row count is safe there;
 - `F.conv1d` takes a different oneDNN path at batch 1 than at batch >= 2;
 - batched `torch.matmul` with fewer than 16 rows or columns per matrix gives a matrix different
   bits depending on how many matrices are in the batch (e.g. attention of a 1-id final window).
 
-So every projection is one row-major GEMM over at least `MIN_GEMM_ROWS` rows (zero rows padded
-and dropped), and every convolution is an explicit im2col followed by that GEMM. For M >= 12 the
-GEMM gives each row the same bits whatever M is and wherever the row sits. Attention is written
-out (no fused SDPA kernel) with every batched matmul padded to at least 16 rows and columns.
+So every projection is a row-major GEMM over at least `MIN_GEMM_ROWS` rows (zero rows padded
+and dropped), every convolution is an explicit im2col followed by that GEMM, and attention is
+written out (no fused SDPA kernel) with every batched matmul padded to at least 16 rows and
+columns. Inside `per_row_gemms()` (the engine enters it when it is batch-invariant, the default
+on CPU) each GEMM and batched matmul is further computed once per index of the leading (batch)
+axis, so a request's rows go through a GEMM of exactly the shape they have in a solo decode,
+whatever the CPU's kernels do with the row count. Outside it (a GPU engine) one call covers the
+whole batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +43,39 @@ MIN_GEMM_ROWS = 16  # comfortably above the measured small-M threshold (12)
 META = torch.device("meta")
 
 
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def per_row_gemms() -> Iterator[None]:
+    """In this thread, compute every GEMM of this module once per index of the leading axis (a
+    request's rows, or one of its classifier-free-guidance rows). Thread-local, re-entrant."""
+    before = getattr(_local, "per_row", False)
+    _local.per_row = True
+    try:
+        yield
+    finally:
+        _local.per_row = before
+
+
+def _per_row(op: Callable[..., Tensor], x: Tensor, *others: Tensor) -> Tensor:
+    """`op(x, *others)`, inside `per_row_gemms` one call per index of the leading axis of `x`
+    (and of any other operand with the same leading size; a broadcast operand is shared)."""
+    if not getattr(_local, "per_row", False) or x.dim() < 2 or x.shape[0] < 2:
+        return op(x, *others)
+
+    def row(t: Tensor, i: int) -> Tensor:
+        return t[i : i + 1] if t.dim() == x.dim() and t.shape[0] == x.shape[0] else t
+
+    return torch.cat([op(x[i : i + 1], *(row(t, i) for t in others)) for i in range(x.shape[0])])
+
+
 def stable_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """`F.linear` over the last axis with a row-count-independent GEMM."""
+    return _per_row(lambda rows: _linear_rows(rows, weight, bias), x)
+
+
+def _linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
     count = rows.shape[0]
@@ -87,6 +128,10 @@ def stable_matmul(a: Tensor, b: Tensor) -> Tensor:
     result changes with the number of matrices in the batch. Zero-padding M and N to at least
     `MIN_GEMM_ROWS` (and slicing the padding off) removes that dependence.
     """
+    return _per_row(_padded_matmul, a, b)
+
+
+def _padded_matmul(a: Tensor, b: Tensor) -> Tensor:
     rows, cols = a.shape[-2], b.shape[-1]
     if rows < MIN_GEMM_ROWS:
         a = torch.cat([a, a.new_zeros((*a.shape[:-2], MIN_GEMM_ROWS - rows, a.shape[-1]))], -2)
