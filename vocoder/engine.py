@@ -316,12 +316,9 @@ class Code2WavEngine:
     def scope(self) -> Iterator[None]:
         """The engine's kernels for the calling thread (see vocoder.kernels) and, when it is
         batch-invariant, one GEMM per request row (vocoder.flow.stable.per_row_gemms)."""
-        with kernel_scope(self.kernels):
-            if not self.batch_invariant:
-                yield
-                return
-            with per_row_gemms():
-                yield
+        rows = per_row_gemms() if self.batch_invariant else contextlib.nullcontext()
+        with kernel_scope(self.kernels), rows:
+            yield
 
     # -- construction ------------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ stock kernels break that in four places (measured with torch 2.15 / MKL 2024.2 /
 see tests/vocoder/test_flow_batching.py):
 
 - `F.linear` takes a different GEMM path when the row count M is small (M < 12 and not a
-  multiple of 4 differ from M >= 12 in the last bits on an AMD AVX2 CPU), e.g. the adaLN rows
-  (M = 2 per request) or a short final window;
+  multiple of 4 differ from M >= 12 in the last bits on the AVX2 CPU first measured), e.g. the
+  adaLN rows (M = 2 per request) or a short final window;
 - on an Intel AVX2 CPU (measured under `qemu-x86_64 -cpu Haswell-v4`) MKL's GEMM gives a row
   different last bits at M = 25 and M = 100 as well (the encoder's pre-lookahead convolution of
   the tiny model: K = 128, N = 32), so no row count is safe there;
