@@ -7,11 +7,11 @@ of them has to import the CLI's configuration module to know where the records a
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 from codeclog.errors import ConfigError
+from codeclog.json_values import JsonValueError, json_object
 from codeclog.user_files import read_text
 
 
@@ -54,9 +54,7 @@ class TopicsConfig:
             return cls()
         text = read_text(path, "--topics-config")
         try:
-            raw = json.loads(text)
-        except ValueError as exc:
-            raise ConfigError(f"--topics-config {path} is not JSON: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise ConfigError(f"topics config {path} must be a JSON object")
+            raw = json_object(text)
+        except JsonValueError as exc:
+            raise ConfigError(f"--topics-config {path}: {exc}") from None
         return cls.from_dict(raw)

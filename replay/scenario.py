@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from codeclog.errors import CodeclogError
+from codeclog.json_values import JsonValueError, json_bool, json_int, json_object, json_str
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 from codeclog.user_files import reason
 
@@ -36,10 +37,6 @@ class ScenarioError(CodeclogError):
         self.path = str(path)
         self.line = line
         super().__init__(f"{path}:{line}: {message}" if line else f"{path}: {message}")
-
-
-class _FieldError(ValueError):
-    """A field value of the wrong type (turned into ScenarioError with the line number)."""
 
 
 def read_scenario(path: str | Path) -> list[Event]:
@@ -58,7 +55,7 @@ def parse_scenario(lines: Iterable[str], source: str | Path = "<scenario>") -> l
             continue
         try:
             event = parse_line(line)
-        except _FieldError as exc:
+        except JsonValueError as exc:
             raise ScenarioError(source, number, str(exc)) from None
         if event is not None:
             events.append(event)
@@ -66,13 +63,8 @@ def parse_scenario(lines: Iterable[str], source: str | Path = "<scenario>") -> l
 
 
 def parse_line(line: str) -> Event | None:
-    """One event from one JSON line; None for a comment. Raises _FieldError (a ValueError)."""
-    try:
-        raw = json.loads(line)
-    except ValueError as exc:
-        raise _FieldError(f"not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise _FieldError(f"expected a JSON object, got {type(raw).__name__}")
+    """One event from one JSON line; None for a comment. Raises JsonValueError (a ValueError)."""
+    raw = json_object(line)
     raw.pop(COMMENT_KEY, None)
     if not raw:
         return None
@@ -84,7 +76,7 @@ def parse_line(line: str) -> Event | None:
 def _check_keys(raw: dict[str, Any], known: Iterable[str], what: str) -> None:
     unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise _FieldError(f"unknown {what} field(s): {', '.join(unknown)}")
+        raise JsonValueError(f"unknown {what} field(s): {', '.join(unknown)}")
 
 
 def _control(raw: dict[str, Any]) -> ControlEvent:
@@ -94,20 +86,20 @@ def _control(raw: dict[str, Any]) -> ControlEvent:
     kinds = {kind.value: kind for kind in ControlKind}
     kind = raw[CONTROL_KEY]
     if kind not in kinds:
-        raise _FieldError(f"control must be one of {', '.join(kinds)}, got {kind!r}")
+        raise JsonValueError(f"control must be one of {', '.join(kinds)}, got {kind!r}")
     return ControlEvent(
-        request_id=_get(raw, "request_id", _str, ""),
+        request_id=_get(raw, "request_id", json_str, ""),
         kind=kinds[kind],
-        reason=_get(raw, "reason", _str, ""),
-        produced_at_ms=_get(raw, "produced_at_ms", _int, 0),
-        producer_id=_get(raw, "producer_id", _str, ""),
+        reason=_get(raw, "reason", json_str, ""),
+        produced_at_ms=_get(raw, "produced_at_ms", json_int, 0),
+        producer_id=_get(raw, "producer_id", json_str, ""),
     )
 
 
 def _chunk(raw: dict[str, Any]) -> CodecChunk:
     _check_keys(raw, _CHUNK_PARSERS, "codec chunk")
     if "codes" not in raw:
-        raise _FieldError("a codec chunk needs `codes` (or write a control or comment line)")
+        raise JsonValueError("a codec chunk needs `codes` (or write a control or comment line)")
     values = {name: parse(raw[name]) for name, parse in _CHUNK_PARSERS.items() if name in raw}
     values.setdefault("request_id", "")  # missing: the fold rejects it (S1/T1)
     return CodecChunk(**values)
@@ -117,86 +109,68 @@ def _get(raw: dict[str, Any], key: str, parse: Callable[[Any], Any], default: An
     return parse(raw[key]) if key in raw else default
 
 
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _FieldError(f"expected an integer, got {value!r}")
-    return value
-
-
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _FieldError(f"expected true or false, got {value!r}")
-    return value
-
-
-def _str(value: Any) -> str:
-    if not isinstance(value, str):
-        raise _FieldError(f"expected a string, got {value!r}")
-    return value
-
-
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else parse(value)
 
 
 def _duplex_id(value: Any) -> int:
     """The upstream meta carries `int or None`; None means absent, i.e. -1."""
-    return -1 if value is None else _int(value)
+    return -1 if value is None else json_int(value)
 
 
 def _request_id(value: Any) -> str:
-    return "" if value is None else _str(value)
+    return "" if value is None else json_str(value)
 
 
 def _codes(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list):
-        raise _FieldError(f"codes must be a list of integers, got {value!r}")
-    return tuple(_int(code) for code in value)
+        raise JsonValueError(f"codes must be a list of integers, got {value!r}")
+    return tuple(json_int(code) for code in value)
 
 
 def _text(value: Any) -> bytes:
     if isinstance(value, str):
         return value.encode("utf-8")
-    if isinstance(value, list) and all(0 <= _int(byte) <= 255 for byte in value):
+    if isinstance(value, list) and all(0 <= json_int(byte) <= 255 for byte in value):
         return bytes(value)
-    raise _FieldError(f"llm_output_text_utf8 must be a string or a list of bytes, got {value!r}")
+    raise JsonValueError(f"llm_output_text_utf8 must be a string or a list of bytes, got {value!r}")
 
 
 def _samples(value: Any) -> bytes | None:
     if value is None:
         return None
     if not isinstance(value, list):
-        raise _FieldError(f"ref_audio must be a list of float samples, got {value!r}")
+        raise JsonValueError(f"ref_audio must be a list of float samples, got {value!r}")
     samples = [_float(sample) for sample in value]
     return struct.pack(f"<{len(samples)}f", *samples)
 
 
 def _float(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _FieldError(f"expected a finite number, got {value!r}")
+        raise JsonValueError(f"expected a finite number, got {value!r}")
     return float(value)
 
 
 _CHUNK_PARSERS: dict[str, Callable[[Any], Any]] = {
     "request_id": _request_id,
     "codes": _codes,
-    "cache_epoch": _int,
-    "chunk_seq": _int,
-    "code_flat_numel": _optional(_int),
-    "codec_chunk_frames": _int,
-    "codec_left_context_frames": _int,
-    "last_chunk": _bool,
-    "tts_is_last_chunk": _bool,
-    "turn_end": _bool,
+    "cache_epoch": json_int,
+    "chunk_seq": json_int,
+    "code_flat_numel": _optional(json_int),
+    "codec_chunk_frames": json_int,
+    "codec_left_context_frames": json_int,
+    "last_chunk": json_bool,
+    "tts_is_last_chunk": json_bool,
+    "turn_end": json_bool,
     "duplex_epoch": _duplex_id,
     "duplex_turn_id": _duplex_id,
     "llm_output_text_utf8": _text,
-    "segment_end": _bool,
+    "segment_end": json_bool,
     "ref_audio": _samples,
-    "ref_audio_sr": _optional(_int),
-    "prompt_cache_id": _optional(_str),
-    "produced_at_ms": _int,
-    "producer_id": _str,
+    "ref_audio_sr": _optional(json_int),
+    "prompt_cache_id": _optional(json_str),
+    "produced_at_ms": json_int,
+    "producer_id": json_str,
 }
 
 

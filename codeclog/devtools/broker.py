@@ -39,6 +39,7 @@ from confluent_kafka.admin import AdminClient
 from codeclog.devtools import security
 from codeclog.devtools.jars import KAFKA_VERSION, JarFetcher, runtime_file
 from codeclog.errors import CodeclogError, UsageError
+from codeclog.json_values import json_object
 from codeclog.kafka.log import client_settings
 from codeclog.user_files import make_folder
 
@@ -158,9 +159,7 @@ class BrokerState:
 
     @classmethod
     def from_json(cls, text: str) -> BrokerState:
-        raw: Any = json.loads(text)
-        if not isinstance(raw, dict):
-            raise ValueError("broker state must be a JSON object")
+        raw = json_object(text)
         names = {field.name for field in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in raw.items() if key in names})
 

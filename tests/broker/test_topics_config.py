@@ -220,8 +220,8 @@ def test_topics_config_accepts_known_keys() -> None:
 @pytest.mark.parametrize(
     ("case", "content", "message"),
     [
-        ("not json", "{", "is not JSON"),
-        ("a list", "[1]", "must be a JSON object"),
+        ("not json", "{", "not JSON"),
+        ("a list", "[1]", "expected a JSON object"),
         ("unknown key", '{"x": 1}', "unknown topic config keys: x"),
     ],
 )

@@ -15,6 +15,7 @@ from codeclog.consumers.stream.fold.state import (
     RequestState,
     Tombstone,
 )
+from codeclog.json_values import json_bool, json_int
 
 EXPORT_VERSION = 1
 
@@ -81,18 +82,18 @@ def _import(data: dict[str, Any]) -> RequestState:
     if data.get("version") != EXPORT_VERSION:
         raise ValueError(f"unknown version {data.get('version')!r}")
     req = RequestState(
-        epoch=_int(data["epoch"]),
-        is_open=_bool(data["open"]),
-        last_seq=_int(data["last_seq"]),
-        held_codes=[_int(code) for code in data["held_codes"]],
-        held_seqs=[_int(seq) for seq in data["held_seqs"]],
+        epoch=json_int(data["epoch"]),
+        is_open=json_bool(data["open"]),
+        last_seq=json_int(data["last_seq"]),
+        held_codes=[json_int(code) for code in data["held_codes"]],
+        held_seqs=[json_int(seq) for seq in data["held_seqs"]],
         held_echo=None if data["held_echo"] is None else _import_echo(data["held_echo"]),
         digests=_import_digests(data["digests"]),
     )
     for item in data["released"]:
         end = RejectReason(item["end"])
-        tombstone = Tombstone(_int(item["last_seq"]), _import_digests(item["digests"]), end)
-        req.released[_int(item["epoch"])] = tombstone
+        tombstone = Tombstone(json_int(item["last_seq"]), _import_digests(item["digests"]), end)
+        req.released[json_int(item["epoch"])] = tombstone
     _check_consistent(req)
     return req
 
@@ -107,32 +108,20 @@ def _check_consistent(req: RequestState) -> None:
 
 
 def _import_digests(data: dict[str, Any]) -> Digests:
-    seqs = array("i", [_int(seq) for seq in data["seqs"]])
-    values = array("q", [_int(value) for value in data["values"]])
+    seqs = array("i", [json_int(seq) for seq in data["seqs"]])
+    values = array("q", [json_int(value) for value in data["values"]])
     if len(seqs) != len(values) or any(a >= b for a, b in itertools.pairwise(seqs)):
         raise ValueError("digest seqs must be strictly increasing and match the values")
-    return Digests(seqs, values, _int(data["forgotten_below"]))
+    return Digests(seqs, values, json_int(data["forgotten_below"]))
 
 
 def _import_echo(data: dict[str, Any]) -> Echo:
     return Echo(
-        duplex_epoch=_int(data["duplex_epoch"]),
-        duplex_turn_id=_int(data["duplex_turn_id"]),
-        turn_end=_bool(data["turn_end"]),
-        tts_is_last_chunk=_bool(data["tts_is_last_chunk"]),
-        segment_end=_bool(data["segment_end"]),
+        duplex_epoch=json_int(data["duplex_epoch"]),
+        duplex_turn_id=json_int(data["duplex_turn_id"]),
+        turn_end=json_bool(data["turn_end"]),
+        tts_is_last_chunk=json_bool(data["tts_is_last_chunk"]),
+        segment_end=json_bool(data["segment_end"]),
         llm_output_text_utf8=bytes.fromhex(data["llm_output_text_utf8"]),
-        produced_at_ms=_int(data["produced_at_ms"]),
+        produced_at_ms=json_int(data["produced_at_ms"]),
     )
-
-
-def _int(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"expected an int, got {value!r}")
-    return value
-
-
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"expected a bool, got {value!r}")
-    return value
