@@ -4,12 +4,12 @@ asks of its transactions (consumers/member/transaction.py has its one implementa
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
-from codeclog.consumers.member.writes import Write
+from codeclog.consumers.member.writes import StepWrites
 from codeclog.kafka.calls import StuckCallError
 
 TransactionError = KafkaException | StuckCallError
@@ -31,13 +31,7 @@ class TransactionBoundary(Protocol):
     def await_commit(self) -> None:
         """Wait for the previous step's commit; raise its failure here (once)."""
 
-    def write_step(
-        self,
-        writes: Sequence[Write],
-        positions: list[TopicPartition],
-        group_metadata: Any,
-        on_committed: Callable[[], None],
-    ) -> None:
+    def write_step(self, step: StepWrites, on_committed: Callable[[], None]) -> None:
         """One step's transaction: its records and consumed positions, committed in the
         background; `on_committed` runs after a commit that counts."""
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import TypeAlias
 
 from codeclog.consumers.stream.fold.state_io import export_request
 from codeclog.consumers.stream.pipeline import AudioPipeline, StepOutput
 from codeclog.kafka.reader import read_partitions
 from codeclog.schemas import wire
 from codeclog.schemas.records import StreamCheckpoint
+
+# One progress partition's newest checkpoint per request id
+Checkpoints: TypeAlias = dict[str, StreamCheckpoint]
 
 log = logging.getLogger("codeclog.vocode")
 
@@ -102,12 +106,12 @@ def read_checkpoints(
     group: str,
     partitions: list[int],
     timeout_s: float,
-) -> dict[int, dict[str, StreamCheckpoint]]:
+) -> dict[int, Checkpoints]:
     """This group's newest checkpoint per request (`belongs_to`), per progress partition."""
     if not partitions:
         return {}
     by_partition = read_partitions(client_config, progress_topic, partitions, timeout_s)
-    result: dict[int, dict[str, StreamCheckpoint]] = {}
+    result: dict[int, Checkpoints] = {}
     for partition, records in by_partition.items():
         latest = result.setdefault(partition, {})
         for record in records:

@@ -20,14 +20,13 @@ import time
 from confluent_kafka import TopicPartition
 
 from codeclog.consumers.member.metrics import VocoderMetrics
-from codeclog.consumers.member.progress import read_checkpoints
+from codeclog.consumers.member.progress import Checkpoints, read_checkpoints
 from codeclog.consumers.stream.engine import check_checkpoint_fits
 from codeclog.consumers.stream.fold.state import FoldState
 from codeclog.consumers.stream.fold.state_io import import_request
 from codeclog.consumers.stream.pipeline import AudioPipeline
 from codeclog.kafka.reader import read_partition
 from codeclog.kafka.records import InputRecord
-from codeclog.schemas.records import StreamCheckpoint
 
 log = logging.getLogger("codeclog.vocode")
 
@@ -44,9 +43,7 @@ class RecoverySource:
     rebuild_batch: int = 256
 
 
-def restore_folds(
-    fold_state: FoldState, checkpoints: dict[str, StreamCheckpoint]
-) -> dict[str, int]:
+def restore_folds(fold_state: FoldState, checkpoints: Checkpoints) -> dict[str, int]:
     """Import every request's checkpointed fold state; returns where each open stream's epoch
     began. Imported in the order of each request's newest input offset, the open streams are
     least recently active first again, as in the member that wrote them, so the open-stream
@@ -99,10 +96,7 @@ class Recovery:
         return epoch_starts
 
     def _partition(
-        self,
-        pipeline: AudioPipeline,
-        tp: TopicPartition,
-        checkpoints: dict[str, StreamCheckpoint],
+        self, pipeline: AudioPipeline, tp: TopicPartition, checkpoints: Checkpoints
     ) -> dict[str, int]:
         """One partition with a committed offset: restore its requests' fold states, rebuild
         the vocoder states of its open streams."""
@@ -123,7 +117,7 @@ class Recovery:
         pipeline: AudioPipeline,
         tp: TopicPartition,
         open_starts: dict[str, int],
-        checkpoints: dict[str, StreamCheckpoint],
+        checkpoints: Checkpoints,
     ) -> None:
         """Decode the open streams' epochs without emitting, on a scratch pipeline, then hand
         their vocoder states to `pipeline`. A stream checkpointed by an engine of the other HiFT
@@ -164,9 +158,7 @@ class Recovery:
         pipeline.adopt_streams(scratch, list(open_starts), tp.partition)
         self.metrics.recoveries.inc(len(open_starts))
 
-    def check_domains(
-        self, domain: str, rids: list[str], checkpoints: dict[str, StreamCheckpoint]
-    ) -> None:
+    def check_domains(self, domain: str, rids: list[str], checkpoints: Checkpoints) -> None:
         """A stream rebuilt in another determinism domain than the one that decoded it so far
         continues with audio that differs from an uninterrupted run in the low bits: said in
         the log and counted (README, "How recovery works"). Portable members never differ."""

@@ -28,7 +28,7 @@ from codeclog.consumers.member.recovery import Recovery, RecoverySource
 from codeclog.consumers.member.refusals import Refusals
 from codeclog.consumers.member.startup import cluster_facts
 from codeclog.consumers.member.transaction import CLOSE_ON_FAILURE_S, Transactions
-from codeclog.consumers.member.writes import step_writes
+from codeclog.consumers.member.writes import StepWrites, step_writes
 from codeclog.consumers.stream.dead_letter import DEAD_LETTER_RAW_LIMIT
 from codeclog.consumers.stream.engine import EngineMismatchError, VocoderEngine
 from codeclog.consumers.stream.fold.report import strict_error_json
@@ -251,12 +251,8 @@ class VocoderService:
         self.checkpoints.note_epoch_starts(out)
         checkpoints = self.checkpoints.checkpoints(self.pipeline, out, self._clock_ms())
         writes = step_writes(out, checkpoints, self.topics, self.config.group)
-        self.transactions.write_step(
-            writes,
-            positions,
-            self.intake.group_metadata(),
-            lambda: self._committed_step(out, started),
-        )
+        step = StepWrites(writes, positions, self.intake.group_metadata())
+        self.transactions.write_step(step, lambda: self._committed_step(out, started))
         self.metrics.open_streams.set(self.pipeline.open_streams())
         for cause, count in out.evictions.items():
             self.metrics.evictions.labels(cause=cause).inc(count)

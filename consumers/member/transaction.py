@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -34,7 +34,7 @@ from codeclog.consumers.member.boundary import TransactionError
 from codeclog.consumers.member.commit import BackgroundCommit
 from codeclog.consumers.member.metrics import VocoderMetrics
 from codeclog.consumers.member.producer_config import transactional_producer_config
-from codeclog.consumers.member.writes import Write
+from codeclog.consumers.member.writes import StepWrites
 from codeclog.errors import CodeclogError
 from codeclog.kafka import calls as kafka_calls
 from codeclog.kafka.calls import (
@@ -69,9 +69,10 @@ class Transactions:
         refusal: Refusal = lambda exc: None,
         reinit_after_indefinite: bool = True,
     ) -> None:
-        self.client_config = client_config
         self.transactional_id = transactional_id
-        self.transaction_timeout_ms = transaction_timeout_ms
+        self.producer_config = transactional_producer_config(
+            client_config, transactional_id, transaction_timeout_ms
+        )
         self.kafka_timeout_s = kafka_timeout_s
         self.metrics = metrics
         self.producer: Producer | None = None
@@ -105,7 +106,7 @@ class Transactions:
         retriable answer (the coordinator moving; the previous instance's open transaction still
         being aborted: CONCURRENT_TRANSACTIONS, seen after a member's SIGKILL during a leader
         failover) is retried for `retry_for_s`, or until `stop` is set."""
-        self.producer = Producer(self._producer_config())
+        self.producer = Producer(self.producer_config)
         self._needs_init = True
         self.init_with_retry(retry_for_s, stop)
 
@@ -136,7 +137,7 @@ class Transactions:
                 else:
                     self._abandoned.append(self.producer)  # never destroyed: it may be stuck
             self._retiring = False
-            self.producer = Producer(self._producer_config())
+            self.producer = Producer(self.producer_config)
             self.wedged = False
             self._needs_init = True
         if self._needs_init:
@@ -170,11 +171,6 @@ class Transactions:
         bounded("init_transactions", lambda: producer.init_transactions(timeout), timeout)
         self._needs_init = False
 
-    def _producer_config(self) -> dict[str, Any]:
-        return transactional_producer_config(
-            self.client_config, self.transactional_id, self.transaction_timeout_ms
-        )
-
     def mark_wedged(self) -> None:
         self.wedged = True
 
@@ -190,17 +186,11 @@ class Transactions:
 
     # -- one step's transaction -----------------------------------------------------------------
 
-    def write_step(
-        self,
-        writes: Sequence[Write],
-        positions: list[TopicPartition],
-        group_metadata: Any,
-        on_committed: Callable[[], None],
-    ) -> None:
+    def write_step(self, step: StepWrites, on_committed: Callable[[], None]) -> None:
         self.begin()
-        for write in writes:
+        for write in step.records:
             self.produce(write.topic, write.key, write.value, write.partition)
-        self.send_offsets(positions, group_metadata)
+        self.send_offsets(step.positions, step.group_metadata)
         self.commit_in_background(on_committed)
 
     def begin(self) -> None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import TopicPartition
 
 from codeclog.consumers.member.progress import progress_key
 from codeclog.consumers.stream.pipeline import StepOutput
@@ -27,6 +30,16 @@ class Write:
     key: str
     value: bytes
     partition: int | None = None  # None: the producer's partitioner (murmur2 of the key)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepWrites:
+    """All one step's transaction carries: its records, and the positions it consumed to
+    (`send_offsets_to_transaction`, with the consumer's group metadata)."""
+
+    records: Sequence[Write]
+    positions: list[TopicPartition]
+    group_metadata: Any
 
 
 def step_writes(
