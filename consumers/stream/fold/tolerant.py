@@ -142,10 +142,11 @@ def _apply(
     digests.values.append(hash((window, len(window), chunk.last_chunk, chunk.tts_is_last_chunk)))
     if len(digests.seqs) > state.digest_ring:
         digests.forget_oldest()
-    if req.held_codes:
-        return _apply_held(state, req, chunk, window, out)
     if not window:
         return _apply_empty(state, req, chunk, out)
+    if req.held_codes:
+        out += _merge_held(state, req, chunk, window)
+        return out
     last = chunk.last_chunk
     if last or len(window) > state.lookahead_frames:  # A4, the hot path: decode it alone
         rid = chunk.request_id
@@ -160,29 +161,22 @@ def _apply(
     return out
 
 
-def _apply_held(
-    state: FoldState,
-    req: RequestState,
-    chunk: CodecChunk,
-    window: tuple[int, ...],
-    out: list[Outcome],
+def _merge_held(
+    state: FoldState, req: RequestState, chunk: CodecChunk, window: tuple[int, ...]
 ) -> list[Outcome]:
-    """A1-A4 with frames held: merge them with this chunk, minus its repeated left context."""
+    """A4 with frames held: this chunk's ids, minus its repeated left context, join them; the
+    merged window is decoded when it is final or long enough, else held further."""
     rid = chunk.request_id
-    if not window:
-        return _apply_empty(state, req, chunk, out)
     drop = min(max(chunk.codec_left_context_frames, 0), len(window))
     req.held_codes.extend(window[drop:])
     req.held_seqs.append(chunk.chunk_seq)
     if chunk.last_chunk:
-        out.append(flush_held(req, rid, chunk))
-        out.append(end_stream(state, req, rid, RejectReason.CHUNK_AFTER_FINAL))
-    elif len(req.held_codes) > state.lookahead_frames:
-        out.append(flush_held(req, rid, chunk, final=False))
-    else:
-        req.held_echo = (req.held_echo or Echo()).then(Echo.of(chunk))
-        out.append(Hold(rid, req.epoch, chunk.chunk_seq, len(req.held_codes)))
-    return out
+        flushed = flush_held(req, rid, chunk)
+        return [flushed, end_stream(state, req, rid, RejectReason.CHUNK_AFTER_FINAL)]
+    if len(req.held_codes) > state.lookahead_frames:
+        return [flush_held(req, rid, chunk, final=False)]
+    req.held_echo = (req.held_echo or Echo()).then(Echo.of(chunk))
+    return [Hold(rid, req.epoch, chunk.chunk_seq, len(req.held_codes))]
 
 
 def _apply_empty(
