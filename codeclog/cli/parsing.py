@@ -1,5 +1,6 @@
-"""argparse pieces the commands share: a command's parser, and the vocoder options that more
-than one command takes (their choices and defaults live here once; each command words its help).
+"""argparse pieces the commands share: a command's parser, its on/off flags, and the vocoder
+options that more than one command takes (their choices and defaults live here once; each
+command words its help).
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ def add_command(
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def add_flag(
+    parser: argparse.ArgumentParser | argparse._ActionsContainer, *names: str, help: str
+) -> None:
+    """An on/off option, off unless given (`--json`, `--secure`, `-v/--verbose`)."""
+    parser.add_argument(*names, action="store_true", help=help)
 
 
 def add_offline_vocoder_args(parser: argparse.ArgumentParser, kernels_help: str) -> None:

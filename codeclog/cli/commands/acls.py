@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from codeclog.cli.config import add_kafka_args, kafka_client_config, topics_config
-from codeclog.cli.parsing import Subparsers, add_command
+from codeclog.cli.parsing import Subparsers, add_command, add_flag
 from codeclog.kafka.acls import (
     DEFAULT_GROUP,
     DEFAULT_REPLAY_PREFIX,
@@ -67,9 +67,9 @@ def add_acl_args(parser: argparse.ArgumentParser) -> None:
         help="topics the replay role may write (replay --to-topic); '' for none "
         "(default %(default)s)",
     )
-    group.add_argument(
+    add_flag(
+        group,
         "--monitor-reads",
-        action="store_true",
         help="let the monitor READ the chunk topic, for time lag and audio lag",
     )
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from codeclog.cli.parsing import add_flag
 from codeclog.devtools.broker import BrokerSettings, BrokerStatus, BrokerStatusKind, LocalBroker
 from codeclog.devtools.cluster import (
     NODE_HEAP_MAX_MB,
@@ -161,9 +162,9 @@ def _add_start_options(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="give up if the broker is not serving requests after this long (default 60)",
     )
-    parser.add_argument(
+    add_flag(
+        parser,
         "--faultable",
-        action="store_true",
         help="with --nodes: every node's links (clients, talker, peers) run through Toxiproxy, "
         "so `broker net` can slow, cut or reset them; plaintext only; chosen at the first start",
     )
@@ -182,13 +183,9 @@ def _add_net_options(parser: argparse.ArgumentParser) -> None:
     fault.add_argument(
         "--latency-ms", type=int, metavar="MS", help="hold every byte MS ms, both directions"
     )
-    fault.add_argument(
-        "--down", action="store_true", help="a black hole: connections stay open, nothing passes"
-    )
-    fault.add_argument(
-        "--reset", action="store_true", help="reset every connection a few ms after it opens"
-    )
-    fault.add_argument("--heal", action="store_true", help="the link back to normal")
+    add_flag(fault, "--down", help="a black hole: connections stay open, nothing passes")
+    add_flag(fault, "--reset", help="reset every connection a few ms after it opens")
+    add_flag(fault, "--heal", help="the link back to normal")
     parser.add_argument(
         "--jitter-ms", type=int, default=0, metavar="J", help="with --latency-ms: +- J ms"
     )

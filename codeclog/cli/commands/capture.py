@@ -6,7 +6,7 @@ import argparse
 import time
 
 from codeclog.cli.config import add_kafka_args, kafka_client_config, topics_config
-from codeclog.cli.parsing import Subparsers, add_command
+from codeclog.cli.parsing import Subparsers, add_command, add_flag
 from codeclog.user_files import check_creatable
 
 DESCRIPTION = """\
@@ -60,9 +60,9 @@ def register(subparsers: Subparsers) -> None:
     )
     parser.add_argument("--from", dest="start", metavar="BOUND", help="first record to capture")
     parser.add_argument("--until", metavar="BOUND", help="stop before this record")
-    parser.add_argument(
+    add_flag(
+        parser,
         "--group-less",
-        action="store_true",
         help="use a throwaway random group.id instead of 'codeclog-capture' (nothing is "
         "committed either way; the fixed name exists so cluster ACLs can allow it)",
     )

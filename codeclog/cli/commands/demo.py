@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from codeclog.cli.parsing import Subparsers, add_command
+from codeclog.cli.parsing import Subparsers, add_command, add_flag
 
 EPILOG = """\
 What it does: starts a real Kafka broker from the cached Maven jars (fetching them the first
@@ -39,10 +39,10 @@ def register(subparsers: Subparsers) -> None:
     )
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--no-verify", action="store_true", help="skip the exactly-once check")
-    parser.add_argument(
+    add_flag(parser, "--no-verify", help="skip the exactly-once check")
+    add_flag(
+        parser,
         "--secure",
-        action="store_true",
         help="run the same demo on a fresh secured local broker (SASL_SSL + SCRAM-SHA-512, "
         "ACLs): the talker, vocoder, lag monitor and readers each use their own role",
     )

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from codeclog.cli.parsing import Subparsers, add_command
+from codeclog.cli.parsing import Subparsers, add_command, add_flag
 from codeclog.errors import EXIT_DIFFERENT, EXIT_OK, CodeclogError
 
 DESCRIPTION = """\
@@ -43,7 +43,7 @@ def register(subparsers: Subparsers) -> None:
     )
     parser.add_argument("a", metavar="A", help="capture file or --json report")
     parser.add_argument("b", metavar="B", help="capture file or --json report (same kind as A)")
-    parser.add_argument("--json", action="store_true", help="print the divergences as JSON")
+    add_flag(parser, "--json", help="print the divergences as JSON")
     parser.set_defaults(func=run)
 
 

@@ -17,7 +17,7 @@ from codeclog.cli.config import (
     port_problem,
     topics_config,
 )
-from codeclog.cli.parsing import Subparsers, add_command
+from codeclog.cli.parsing import Subparsers, add_command, add_flag
 from codeclog.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CodeclogError, exit_code
 from codeclog.lag.evaluator import EvaluatorConfig, GroupStatus, LagConfigError
 
@@ -112,17 +112,15 @@ def _register_lag(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--group", default=DEFAULT_GROUP, help=f"consumer group (default {DEFAULT_GROUP})"
     )
-    _add_sampling_args(parser, default_interval_s=5.0)
-    parser.add_argument("--json", action="store_true", help="print JSON (one object per sample)")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--watch", action="store_true", help="keep sampling until interrupted")
-    mode.add_argument("--check", action="store_true", help="exit 0 when the group is OK, else 1")
-    parser.add_argument(
-        "--samples",
-        type=_positive_int,
-        default=1,
-        help="samples to take, --interval apart, before reporting (default 1)",
+    _add_sampling_args(
+        parser,
+        default_interval_s=5.0,
+        samples=(_positive_int, 1, "samples to take, --interval apart, before reporting"),
     )
+    add_flag(parser, "--json", help="print JSON (one object per sample)")
+    mode = parser.add_mutually_exclusive_group()
+    add_flag(mode, "--watch", help="keep sampling until interrupted")
+    add_flag(mode, "--check", help="exit 0 when the group is OK, else 1")
     parser.set_defaults(func=_guarded("lag", _run_lag))
 
 
@@ -148,17 +146,21 @@ def _register_exporter(subparsers: Subparsers) -> None:
         default="codeclog",
         help="value of the cluster_name label (default codeclog)",
     )
-    _add_sampling_args(parser, default_interval_s=10.0)
-    parser.add_argument(
-        "--samples",
-        type=int,
-        default=0,
-        help="stop after this many sampling rounds (default 0: run until interrupted)",
+    _add_sampling_args(
+        parser,
+        default_interval_s=10.0,
+        samples=(_non_negative_int, 0, "sampling rounds before it stops; 0: until interrupted"),
     )
     parser.set_defaults(func=_guarded("lag-exporter", _run_exporter))
 
 
-def _add_sampling_args(parser: argparse.ArgumentParser, default_interval_s: float) -> None:
+def _add_sampling_args(
+    parser: argparse.ArgumentParser,
+    default_interval_s: float,
+    samples: tuple[Callable[[str], int], int, str],
+) -> None:
+    """What both commands sample and how often; `samples` is --samples' type, default and help
+    (how many samples the command takes means something else to each)."""
     parser.add_argument(
         "--topic", help="topic to measure (default: the chunks topic, codec.chunks)"
     )
@@ -168,6 +170,14 @@ def _add_sampling_args(parser: argparse.ArgumentParser, default_interval_s: floa
         default=default_interval_s,
         metavar="S",
         help=f"seconds between samples (default {default_interval_s:g})",
+    )
+    samples_type, samples_default, samples_help = samples
+    parser.add_argument(
+        "--samples",
+        type=samples_type,
+        default=samples_default,
+        metavar="N",
+        help=f"{samples_help} (default {samples_default})",
     )
     parser.add_argument(
         "--read-records",
@@ -234,6 +244,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 

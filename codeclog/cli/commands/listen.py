@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from codeclog.cli.config import add_kafka_args, kafka_client_config, topics_config
-from codeclog.cli.parsing import Subparsers, add_command
+from codeclog.cli.parsing import Subparsers, add_command, add_flag
 from codeclog.user_files import make_folder
 
 EPILOG = """\
@@ -57,20 +57,16 @@ def register(subparsers: Subparsers) -> None:
     )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--out", type=Path, metavar="DIR", help="write one WAV per stream")
-    output.add_argument("--stdout", action="store_true", help="raw s16le PCM on stdout")
+    add_flag(output, "--stdout", help="raw s16le PCM on stdout")
     parser.add_argument("--isolation", choices=("committed", "speculative"), default="speculative")
-    parser.add_argument("--from-beginning", action="store_true", help="every epoch on the log")
+    add_flag(parser, "--from-beginning", help="every epoch on the log")
     parser.add_argument(
         "--exit-when-idle",
         type=float,
         metavar="S",
         help="stop once caught up and nothing arrived for S seconds",
     )
-    parser.add_argument(
-        "--until-final",
-        action="store_true",
-        help="stop once the current stream of every --request ended",
-    )
+    add_flag(parser, "--until-final", help="stop once the current stream of every --request ended")
     parser.set_defaults(func=run)
 
 

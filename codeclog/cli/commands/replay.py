@@ -17,6 +17,7 @@ from codeclog.cli.config import (
 from codeclog.cli.parsing import (
     Subparsers,
     add_command,
+    add_flag,
     add_offline_vocoder_args,
     add_variant_args,
 )
@@ -41,6 +42,8 @@ a bad chunk costs at most its own request.
 
 --to-topic T republishes the input into a live topic instead (same keys, values and headers,
 order per key kept; idempotent producer, murmur2_random partitioner) and prints the counts.
+--keep-timestamps reuses the captured CreateTime timestamps; a LogAppendTime topic, such as the
+chunk topic `topics create` makes, stamps its own either way.
 """
 
 EPILOG = """\
@@ -87,7 +90,7 @@ def register(subparsers: Subparsers) -> None:
         "(float16 is for CUDA; replay runs on the CPU). Another dtype is another determinism "
         "domain",
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_flag(parser, "--json", help="print the report as JSON")
     parser.add_argument(
         "--workers",
         type=int,
@@ -102,11 +105,10 @@ def register(subparsers: Subparsers) -> None:
     add_limit_args(parser)
     publish = parser.add_argument_group("republish")
     publish.add_argument("--to-topic", metavar="T", help="republish INPUT into topic T instead")
-    publish.add_argument(
+    add_flag(
+        publish,
         "--keep-timestamps",
-        action="store_true",
-        help="with --to-topic: reuse the captured CreateTime timestamps (default: new ones; "
-        "a LogAppendTime topic, such as the chunk topic `topics create` makes, stamps its own)",
+        help="with --to-topic: keep the captured CreateTime timestamps (default: new ones)",
     )
     add_kafka_args(parser)
     parser.set_defaults(func=run)

@@ -10,7 +10,7 @@ import time
 from typing import Any, TextIO
 
 from codeclog.cli.config import add_kafka_args, kafka_client_config, topics_config
-from codeclog.cli.parsing import Subparsers, add_command
+from codeclog.cli.parsing import Subparsers, add_command, add_flag
 from codeclog.producers.publisher import (
     ChunkPublisher,
     PublisherConfig,
@@ -65,7 +65,7 @@ def register(subparsers: Subparsers) -> None:
         "--seconds", type=float, default=20.0, help="timeline length of each session (default 20)"
     )
     parser.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
-    parser.add_argument("--realtime", action="store_true", help="pace each session at 25 frames/s")
+    add_flag(parser, "--realtime", help="pace each session at 25 frames/s")
     parser.add_argument("--topic", help="topic to publish to (default: the chunk topic)")
     parser.add_argument(
         "--linger-ms", type=float, default=1.0, help="producer linger.ms (default 1)"
@@ -85,8 +85,8 @@ def register(subparsers: Subparsers) -> None:
         default=10.0,
         help="give up if the cluster does not answer within this long (default 10)",
     )
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+    add_flag(parser, "--json", help="print the summary as JSON")
+    add_flag(parser, "--quiet", help="no progress line on stderr")
     add_kafka_args(parser)
     parser.set_defaults(func=run)
 

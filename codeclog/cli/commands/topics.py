@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from codeclog.cli.commands.acls import add_acl_args, apply_from_args
 from codeclog.cli.config import add_kafka_args, kafka_client_config, topics_config
-from codeclog.cli.parsing import Subparsers, add_command
+from codeclog.cli.parsing import Subparsers, add_command, add_flag
 from codeclog.kafka.topics import (
     TopicAction,
     TopicMismatchError,
@@ -53,9 +53,9 @@ def register(subparsers: Subparsers) -> None:
         actions, "create", "create missing topics, check existing ones", DESCRIPTION, EPILOG
     )
     _add_common(create)
-    create.add_argument(
+    add_flag(
+        create,
         "--acls",
-        action="store_true",
         help="also apply the role ACLs (`codeclog acls apply`; needs a principal allowed to)",
     )
     add_acl_args(create)
@@ -64,7 +64,7 @@ def register(subparsers: Subparsers) -> None:
         actions, "list", "list topics: partitions, replication, config", DESCRIPTION, EPILOG
     )
     _add_common(listing)
-    listing.add_argument("--all", action="store_true", help="include internal (__*) topics")
+    add_flag(listing, "--all", help="include internal (__*) topics")
     listing.set_defaults(func=_list)
 
 

@@ -15,7 +15,7 @@ from codeclog.cli.config import (
     limit_options,
     topics_config,
 )
-from codeclog.cli.parsing import Subparsers, add_command
+from codeclog.cli.parsing import Subparsers, add_command, add_flag
 from codeclog.consumers.readers.audio_compare import DEFAULT_MAX_ABS_LSB, DEFAULT_MIN_SNR_DB
 from codeclog.consumers.stream.fold.state import Policy
 
@@ -81,7 +81,7 @@ def register(subparsers: Subparsers) -> None:
         "--policy", choices=[p.value for p in Policy], default=Policy.TOLERANT.value
     )
     add_limit_args(parser)
-    parser.add_argument("--json", action="store_true", help="print the full report as JSON")
+    add_flag(parser, "--json", help="print the full report as JSON")
     parser.add_argument(
         "--group",
         help="first wait until this consumer group is drained (e.g. codeclog-vocoder)",

@@ -18,7 +18,7 @@ from codeclog.cli.config import (
     port_problem,
     topics_config,
 )
-from codeclog.cli.parsing import Subparsers, add_command, add_variant_args
+from codeclog.cli.parsing import Subparsers, add_command, add_flag, add_variant_args
 from codeclog.consumers.stream.fold.state import Policy
 from codeclog.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CodeclogError, exit_code
 
@@ -134,9 +134,7 @@ def register(subparsers: Subparsers) -> None:
         help="SIGTERM/SIGINT end the process within this long: the current step commits "
         "(exit 0), or, if it cannot finish in time, exit 1 without it (default 25)",
     )
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="log every step and librdkafka's own lines"
-    )
+    add_flag(parser, "-v", "--verbose", help="log every step and librdkafka's own lines")
     parser.set_defaults(func=run)
 
 
