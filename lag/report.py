@@ -159,20 +159,11 @@ def _partition_report(
     verdict = verdicts.get(key, Verdict(PartitionStatus.OK, Rule.NO_DATA, None))
     return PartitionReport(
         topic=topic,
-        partition=m.partition,
-        committed_offset=m.committed_offset,
-        earliest_offset=m.earliest_offset,
-        end_offset=m.end_offset,
-        lag=m.lag,
-        time_lag_s=m.time_lag_s,
-        audio_lag_s=m.audio_lag_s,
-        owned=m.owned,
+        **dataclasses.asdict(m),  # the row is the measurement as measured, then the verdict
         status=verdict.status,
         rule=verdict.rule,
         idle_ms=verdict.idle_ms,
         samples=window_sizes.get(key, 0),
-        start_offset=m.start_offset,
-        from_reset=m.from_reset,
     )
 
 

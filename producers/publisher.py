@@ -205,7 +205,7 @@ FailureCallback = Callable[[DeliveryFailure], None]
 
 
 class _Counters:
-    """The publisher's mutable tallies, in one place."""
+    """The publisher's mutable tallies, in one place (`PublisherStats` is their snapshot)."""
 
     def __init__(self) -> None:
         self.published = 0
@@ -215,6 +215,13 @@ class _Counters:
         self.backpressure_waits = 0
         self.client_errors = 0
         self.latency_ms: deque[float] = deque(maxlen=LATENCY_SAMPLES_MAX)
+
+    def snapshot(self) -> PublisherStats:
+        values = {field.name: getattr(self, field.name) for field in _STATS_FIELDS}
+        return PublisherStats(**values | {"latency_ms": tuple(self.latency_ms)})
+
+
+_STATS_FIELDS = dataclasses.fields(PublisherStats)
 
 
 class ChunkPublisher:
@@ -345,16 +352,7 @@ class ChunkPublisher:
 
     @property
     def stats(self) -> PublisherStats:
-        counts = self._counts
-        return PublisherStats(
-            published=counts.published,
-            delivered=counts.delivered,
-            failed=counts.failed,
-            in_flight=counts.in_flight,
-            backpressure_waits=counts.backpressure_waits,
-            client_errors=counts.client_errors,
-            latency_ms=tuple(counts.latency_ms),
-        )
+        return self._counts.snapshot()
 
     def __enter__(self) -> ChunkPublisher:
         return self

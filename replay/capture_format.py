@@ -132,19 +132,12 @@ class CapturedRecord:
     leader_epoch: int | None = None
 
     def to_avro(self) -> dict[str, Any]:
-        return {
-            "topic": self.topic,
-            "partition": self.partition,
-            "offset": self.offset,
-            "timestamp_ms": self.timestamp_ms,
-            "timestamp_type": self.timestamp_type.name,
-            "key": self.key,
-            "headers": [{"key": h.key, "value": h.value} for h in self.headers],
-            "value": self.value,
-            "schema_fingerprint": self.schema_fingerprint,
-            "observed_at_ms": self.observed_at_ms,
-            "leader_epoch": self.leader_epoch,
-        }
+        """The capture schema's record: these fields under their names, the timestamp type
+        as its enum symbol and the headers as key/value records."""
+        raw = {name: getattr(self, name) for name in _CAPTURED_FIELDS}
+        raw["timestamp_type"] = self.timestamp_type.name
+        raw["headers"] = [{"key": h.key, "value": h.value} for h in self.headers]
+        return raw
 
     @classmethod
     def from_avro(cls, raw: Mapping[str, Any]) -> CapturedRecord:
@@ -163,6 +156,9 @@ class CapturedRecord:
             raw["observed_at_ms"],
             raw["leader_epoch"],
         )
+
+
+_CAPTURED_FIELDS = tuple(field.name for field in dataclasses.fields(CapturedRecord))
 
 
 def fingerprint_of_value(value: bytes | None) -> bytes | None:

@@ -391,18 +391,12 @@ class HiFTGenerator(nn.Module):
 class FilterStages(Protocol):
     """The modules of the filter network both HiFT variants share (same names, same calls)."""
 
-    @property
-    def ups(self) -> nn.ModuleList: ...
-    @property
-    def reflection_pad(self) -> nn.Module: ...
-    @property
-    def source_downs(self) -> nn.ModuleList: ...
-    @property
-    def source_resblocks(self) -> nn.ModuleList: ...
-    @property
-    def resblocks(self) -> nn.ModuleList: ...
-    @property
-    def conv_post(self) -> nn.Module: ...
+    ups: nn.ModuleList
+    reflection_pad: nn.ReflectionPad1d
+    source_downs: nn.ModuleList
+    source_resblocks: nn.ModuleList
+    resblocks: nn.ModuleList
+    conv_post: nn.Module
 
 
 def filter_stages(hift: FilterStages, x: Tensor, s_stft: Tensor, config: StageSizes) -> Tensor:
