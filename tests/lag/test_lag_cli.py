@@ -39,6 +39,7 @@ def test_threshold_flags() -> None:
 def test_exporter_defaults_and_repeated_groups() -> None:
     args = parser().parse_args(["lag-exporter", "--group", "a", "--group", "b"])
     assert args.port == 9310 and args.groups == ["a", "b"]
+    assert args.samples == 0  # run until interrupted
 
 
 @pytest.mark.parametrize(
@@ -50,6 +51,7 @@ def test_exporter_defaults_and_repeated_groups() -> None:
         ["lag", "--read-records", "-1"],
         ["lag", "--offset-reset", "none"],
         ["lag", "--max-audio-lag", "-1"],
+        ["lag-exporter", "--samples", "-1"],
     ],
     ids=[
         "check_and_watch",
@@ -58,6 +60,7 @@ def test_exporter_defaults_and_repeated_groups() -> None:
         "negative_read_records",
         "unknown_offset_reset",
         "negative_threshold",
+        "exporter_negative_samples",
     ],
 )
 def test_refused_arguments(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
