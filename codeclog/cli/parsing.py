@@ -53,3 +53,34 @@ def add_variant_args(parser: argparse.ArgumentParser, hift_help: str, dtype_help
     """--hift and --dtype: the engine's HiFT variant and the flow's precision."""
     parser.add_argument("--hift", choices=HIFT_VARIANTS, default=HIFT_VARIANTS[0], help=hift_help)
     parser.add_argument("--dtype", choices=FLOW_DTYPES, default=FLOW_DTYPES[0], help=dtype_help)
+
+
+# argparse types: a value out of range is argparse's one-line usage error (exit 2)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value

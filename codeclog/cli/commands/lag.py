@@ -17,7 +17,15 @@ from codeclog.cli.config import (
     port_problem,
     topics_config,
 )
-from codeclog.cli.parsing import Subparsers, add_command, add_flag
+from codeclog.cli.parsing import (
+    Subparsers,
+    add_command,
+    add_flag,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from codeclog.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CodeclogError, exit_code
 from codeclog.lag.evaluator import EvaluatorConfig, GroupStatus, LagConfigError
 
@@ -115,7 +123,7 @@ def _register_lag(subparsers: Subparsers) -> None:
     _add_sampling_args(
         parser,
         default_interval_s=5.0,
-        samples=(_positive_int, 1, "samples to take, --interval apart, before reporting"),
+        samples=(positive_int, 1, "samples to take, --interval apart, before reporting"),
     )
     add_flag(parser, "--json", help="print JSON (one object per sample)")
     mode = parser.add_mutually_exclusive_group()
@@ -149,7 +157,7 @@ def _register_exporter(subparsers: Subparsers) -> None:
     _add_sampling_args(
         parser,
         default_interval_s=10.0,
-        samples=(_non_negative_int, 0, "sampling rounds before it stops; 0: until interrupted"),
+        samples=(non_negative_int, 0, "sampling rounds before it stops; 0: until interrupted"),
     )
     parser.set_defaults(func=_guarded("lag-exporter", _run_exporter))
 
@@ -166,7 +174,7 @@ def _add_sampling_args(
     )
     parser.add_argument(
         "--interval",
-        type=_positive_float,
+        type=positive_float,
         default=default_interval_s,
         metavar="S",
         help=f"seconds between samples (default {default_interval_s:g})",
@@ -181,7 +189,7 @@ def _add_sampling_args(
     )
     parser.add_argument(
         "--read-records",
-        type=_positive_int,
+        type=positive_int,
         default=64,
         metavar="K",
         help="records decoded per lagging partition for the audio lag (default %(default)s)",
@@ -197,7 +205,7 @@ def _add_sampling_args(
     add_kafka_args(parser)
     parser.add_argument(
         "--timeout-s",
-        type=_positive_float,
+        type=positive_float,
         default=10.0,
         metavar="S",
         help="admin request timeout (default %(default)s)",
@@ -221,14 +229,14 @@ def _add_rule_args(parser: argparse.ArgumentParser) -> None:
         ("--warn-samples", int, defaults.warn_min_samples, "K", "... over at least K samples"),
         (
             "--max-time-lag",
-            _non_negative_float,
+            non_negative_float,
             defaults.max_time_lag_s,
             "S",
             "young window / one-shot: LAGGING when the oldest waiting chunk is older than S",
         ),
         (
             "--max-audio-lag",
-            _non_negative_float,
+            non_negative_float,
             defaults.max_audio_lag_s,
             "S",
             "young window / one-shot: LAGGING when more than S seconds of audio wait",
@@ -238,34 +246,6 @@ def _add_rule_args(parser: argparse.ArgumentParser) -> None:
         rules.add_argument(
             flag, type=kind, default=default, metavar=metavar, help=f"{text} (default {default})"
         )
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def _guarded(
