@@ -830,6 +830,13 @@ class PortableKernels(TorchDispatchMode):
         super().__init__()
         self._handlers = _handlers(_Products(gemm))
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No torch.compile runs under these kernels, so `__torch_dispatch__` is left unwrapped:
+        torch's dynamo-disabling wrapper would import torch._dynamo on the first op (about 3 s
+        of start-up, a minute under qemu) and add a call to every op."""
+        return False
+
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
     ) -> Any:
