@@ -58,11 +58,11 @@ print(digest.hexdigest())
 """
 CAUSAL = (CAUSAL_SCRIPT,)
 
-# test name -> the emulated CPU and the decode it checks
+# run -> the emulated CPU and the decode it checks
 EMULATIONS = {
-    "test_portable_golden_bytes_are_the_same_on_an_emulated_intel": (INTEL, GOLDEN),
-    "test_portable_golden_bytes_are_the_same_on_an_emulated_amd": (AMD, GOLDEN),
-    "test_portable_causal_hift_bytes_are_the_same_on_an_emulated_intel": (INTEL, CAUSAL),
+    "golden-intel": (INTEL, GOLDEN),
+    "golden-amd": (AMD, GOLDEN),
+    "causal-intel": (INTEL, CAUSAL),
 }
 
 
@@ -104,13 +104,17 @@ def digest(
 
 @pytest.fixture(scope="module")
 def emulated(request: pytest.FixtureRequest) -> Iterator[dict[str, subprocess.Popen[str]]]:
-    """The emulated decodes of every test of this module the session runs, started together."""
+    """The emulated decodes of every run of this module the session selected, started together."""
     qemu = _qemu()
-    selected = {item.name for item in request.session.items}
+    selected = {
+        item.callspec.params["run"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.module is request.module
+    }
     running = {
-        name: decode([qemu, "-cpu", cpu], *run)
-        for name, (cpu, run) in EMULATIONS.items()
-        if name in selected
+        run: decode([qemu, "-cpu", cpu], *args)
+        for run, (cpu, args) in EMULATIONS.items()
+        if run in selected
     }
     yield running
     for process in running.values():
@@ -119,34 +123,21 @@ def emulated(request: pytest.FixtureRequest) -> Iterator[dict[str, subprocess.Po
             process.communicate()
 
 
-def _same_bytes(emulated: dict[str, subprocess.Popen[str]], request: pytest.FixtureRequest) -> None:
-    name = request.node.name
-    cpu, run = EMULATIONS[name]
-    here = digest(decode([], *run), "native run")
+@pytest.mark.timeout(EMULATION_TIMEOUT_S + 60)
+@pytest.mark.parametrize(
+    "run",
+    [
+        "golden-intel",
+        # long: golden-intel runs the same kernels in the quick run; in CI both run at once
+        pytest.param("golden-amd", marks=pytest.mark.long),
+        # long: the golden runs check the shared kernels; in CI it runs beside them
+        pytest.param("causal-intel", marks=pytest.mark.long),
+    ],
+)
+def test_portable_bytes_are_the_same_on_an_emulated_cpu(
+    emulated: dict[str, subprocess.Popen[str]], run: str
+) -> None:
+    cpu, args = EMULATIONS[run]
+    here = digest(decode([], *args), "native run")
     assert len(here) == 64
-    assert digest(emulated[name], cpu) == here, f"portable bytes differ under {cpu}"
-
-
-@pytest.mark.timeout(EMULATION_TIMEOUT_S + 60)
-def test_portable_golden_bytes_are_the_same_on_an_emulated_intel(
-    emulated: dict[str, subprocess.Popen[str]], request: pytest.FixtureRequest
-) -> None:
-    _same_bytes(emulated, request)
-
-
-# long: the Intel model above runs the same kernels in the quick run; in CI it runs beside it
-@pytest.mark.long
-@pytest.mark.timeout(EMULATION_TIMEOUT_S + 60)
-def test_portable_golden_bytes_are_the_same_on_an_emulated_amd(
-    emulated: dict[str, subprocess.Popen[str]], request: pytest.FixtureRequest
-) -> None:
-    _same_bytes(emulated, request)
-
-
-# long: the scheme-A tests above check the shared kernels; in CI it runs beside them
-@pytest.mark.long
-@pytest.mark.timeout(EMULATION_TIMEOUT_S + 60)
-def test_portable_causal_hift_bytes_are_the_same_on_an_emulated_intel(
-    emulated: dict[str, subprocess.Popen[str]], request: pytest.FixtureRequest
-) -> None:
-    _same_bytes(emulated, request)
+    assert digest(emulated[run], cpu) == here, f"portable bytes differ under {cpu}"
