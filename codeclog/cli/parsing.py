@@ -28,9 +28,7 @@ def add_command(
     )
 
 
-def add_flag(
-    parser: argparse.ArgumentParser | argparse._ActionsContainer, *names: str, help: str
-) -> None:
+def add_flag(parser: argparse._ActionsContainer, *names: str, help: str) -> None:
     """An on/off option, off unless given (`--json`, `--secure`, `-v/--verbose`)."""
     parser.add_argument(*names, action="store_true", help=help)
 

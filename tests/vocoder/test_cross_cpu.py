@@ -6,7 +6,7 @@ checked claim.
 
 An emulated decode is one core's work for minutes (most of it importing torch), so the module
 starts every emulation the session selected at once, at its first test, and each test waits for
-its own: on a 2-core machine the three take about the time of two in turn.
+its own: on a 2-core machine the three take about half their time in turn (210-219 s, not 450).
 
 qemu-user is installed by scripts/bootstrap.sh (Debian's qemu-user). Outside CI a machine
 without it skips; in CI (CI=true) a missing qemu fails.
