@@ -77,7 +77,7 @@ def parse_bound(text: str) -> Bound:
             "or an ISO time (2026-01-01T12:00:00Z)"
         ) from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
+        moment = moment.replace(tzinfo=dt.timezone.utc)
     return Bound(BoundKind.TIME_MS, int(moment.timestamp() * 1000))
 
 

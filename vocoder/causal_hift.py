@@ -35,7 +35,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +54,9 @@ from codeclog.vocoder.hift import (
     source_downs,
 )
 from codeclog.vocoder.kernels import portable_active
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11 on
 
 F64 = torch.float64
 UPSTREAM_NOISE_TABLE_SAMPLES = 300 * 24000  # SineGen2.sine_waves: 300 s of (samples, 9) U[0, 1)

@@ -75,7 +75,7 @@ import itertools
 from collections.abc import Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import torch
@@ -118,6 +118,9 @@ from codeclog.vocoder.hift import (
 from codeclog.vocoder.kernels import Kernels, kernel_scope
 from codeclog.vocoder.shared import pcm_s16le
 from codeclog.vocoder.stream_state import HiftState, StreamState
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 from codeclog.vocoder.voice import Voice, default_voice
 
 __all__ = [

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Protocol, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -41,6 +41,9 @@ from codeclog.vocoder.hift_ragged import (
     solo_envelope,
 )
 from codeclog.vocoder.kernels import exactmath, portable_active
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11 on
 
 UPSTREAM_PREFIX = "generator."  # hift.pt keys carry it when saved from the training wrapper
 

@@ -877,4 +877,5 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def _iso_utc(unix_s: float) -> str:
-    return datetime.datetime.fromtimestamp(unix_s, tz=datetime.UTC).isoformat(timespec="seconds")
+    moment = datetime.datetime.fromtimestamp(unix_s, tz=datetime.timezone.utc)
+    return moment.isoformat(timespec="seconds")

@@ -23,7 +23,7 @@ _INLINE_ASSETS = {"echarts_js": ECHARTS_FILE, "report_js": "report.js", "report_
 
 
 def asset_text(name: str) -> str:
-    return resources.files(_PACKAGE).joinpath("assets", name).read_text(encoding="utf-8")
+    return resources.files(_PACKAGE).joinpath("assets").joinpath(name).read_text(encoding="utf-8")
 
 
 @functools.cache
