@@ -1,39 +1,49 @@
 """`CodeclogKafkaConnector`: a vllm-omni OmniConnector on a durable Kafka topic.
 
-It has the interface of vllm-omni's connector base (put, get, get_with_deadline, cleanup, health,
-close, `supports_raw_data`; see README "Use from vllm-omni") without importing vllm-omni; the
-plugin (`codeclog.omni.plugin`) registers it with vllm-omni's connector factory.
+A subclass of vllm-omni's `OmniConnectorBase` where `vllm_omni` is importable (it then has the
+base's `serialize_obj`, `deserialize_obj`, `_make_key`, context manager and destructor); a plain
+class with the same interface otherwise, so codeclog never imports vllm-omni where it is not
+installed. The plugin (`codeclog.omni.plugin`) registers it with vllm-omni's connector factory.
+docs/vllm-omni.md is the user's guide.
 
 - put: one record keyed by the external request id of the put key, on an idempotent producer with
   acks=all (`producers.publisher.producer_settings`); returns (True, size, metadata) only after the
   broker acknowledged it, else (False, 0, None) with the reason logged and counted. It never
-  raises. MiniCPM-o talker -> Code2Wav payloads travel as CodecChunk records, anything else as a
-  PayloadEnvelope (omni.payload).
-- get / get_with_deadline: served from an in-memory index that a background consumer fills
-  (read_committed, its own group, started by the first get). get never blocks; get_with_deadline
-  waits until the monotonic deadline at most. A get hands out an entry once (as vllm-omni's
-  shared-memory connector does); a redelivered copy of a record already handed out is dropped.
-- cleanup(request_id): forgets that request's entries; health(): counters, lag, last error;
-  close(): flushes the producer and stops the consumer thread; idempotent.
+  raises. On the MiniCPM-o talker -> Code2Wav edge payloads travel as CodecChunk records (and
+  the adapter's end markers as FINISH control events), anything else as a PayloadEnvelope
+  (omni.payload). An instance that also receives indexes its own put at once.
+- get / get_with_deadline: served from an in-memory index (omni.index) that a background
+  consumer fills (read_committed, one group per replica, started with the connector unless its
+  role is "sender"). get never blocks; get_with_deadline waits until the monotonic deadline at
+  most. A key is handed out once, as vllm-omni's shared-memory connector does; what the index
+  keeps of a request ends with the request (its terminal payload handed out, `cleanup`, or
+  `request_idle_s` of nothing), since vllm-omni calls `cleanup` for shared memory only.
+- health(): counters, lag, last error; close(): flushes the producer and stops the consumer
+  thread; idempotent.
 
-Config (the edge's `extra` dict in the deploy YAML): `bootstrap` or `bootstrap.servers`
-(default $CODECLOG_BOOTSTRAP), `topic` (default codec.chunks), `group_id` (default
-codeclog-omni-stage<stage_id>), `delivery_timeout_ms` (30000), `linger_ms` (0), `kafka` (extra
-librdkafka properties, e.g. security), `index_max_entries` (100000), `producer_id`.
-librdkafka's own log lines go to the `codeclog.kafka` logger (codeclog.kafka.log), the
-connector's to `codeclog.omni`; neither writes to stderr unless the process configures logging.
+Config (the edge's `extra` dict in the deploy YAML, plus the `stage_id` and `role` vllm-omni
+adds): `bootstrap` or `bootstrap.servers` (default $CODECLOG_BOOTSTRAP), `topic` (default
+codec.chunks), `group_id` (default codeclog-omni-stage<stage_id>; `-replica<N>` appended, or
+`{replica}` replaced), `replica_id` (default $VLLM_OMNI_REPLICA_ID, else 0), `codec_edge`
+(default: true where `codec_chunk_frames` is set), `delivery_timeout_ms` (30000), `linger_ms`
+(0), `kafka` (extra librdkafka properties, e.g. security), `index_max_entries` (100000),
+`request_idle_s` (600), `producer_id`. librdkafka's own log lines go to the `codeclog.kafka`
+logger (codeclog.kafka.log), the connector's to `codeclog.omni`; neither writes to stderr
+unless the process configures logging.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import logging
 import os
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
@@ -49,9 +59,31 @@ DEFAULT_TOPIC = "codec.chunks"
 POLL_S = 0.1
 COMMIT_EVERY_S = 1.0
 LAG_EVERY_S = 2.0
+DEFAULT_IDLE_S = 600.0  # a request nothing was indexed or handed out of for this long is dropped
+REPLICA_ENV = "VLLM_OMNI_REPLICA_ID"  # set by vllm-omni in every stage engine process
+BASE_MODULE = "vllm_omni.distributed.omni_connectors.connectors.base"
 
 
-class CodeclogKafkaConnector:
+def _connector_base() -> type:
+    """vllm-omni's `OmniConnectorBase` when vllm_omni is importable, else `object`."""
+    if importlib.util.find_spec("vllm_omni") is None:
+        return object
+    try:
+        module = importlib.import_module(BASE_MODULE)
+    except Exception as exc:  # an installation vLLM itself could not run either
+        LOGGER.warning("vllm_omni is installed but %s does not import: %s", BASE_MODULE, exc)
+        return object
+    base = getattr(module, "OmniConnectorBase", object)
+    return base if isinstance(base, type) else object
+
+
+if TYPE_CHECKING:
+    _Base = object
+else:
+    _Base = _connector_base()
+
+
+class CodeclogKafkaConnector(_Base):
     """An OmniConnector whose transport is a Kafka topic (see the module docstring)."""
 
     supports_raw_data = False  # payloads go through omni.payload, not raw RDMA buffers
@@ -59,7 +91,7 @@ class CodeclogKafkaConnector:
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         config = dict(config or {})
         self.config = config
-        self.stage_id = str(config.get("stage_id", ""))
+        self.stage_id = _stage_id(config.get("stage_id", -1))  # the adapter computes +1 / -1
         self.role = str(config.get("role", "dual"))
         bootstrap = config.get("bootstrap") or config.get("bootstrap.servers")
         bootstrap = bootstrap or os.environ.get("CODECLOG_BOOTSTRAP", "127.0.0.1:9092")
@@ -68,21 +100,26 @@ class CodeclogKafkaConnector:
             **{str(k): str(v) for k, v in dict(config.get("kafka") or {}).items()},
         }
         self.topic = str(config.get("topic", DEFAULT_TOPIC))
-        self.group_id = str(config.get("group_id") or f"codeclog-omni-stage{self.stage_id or 0}")
+        self.replica_id = _replica_id(config)
+        self.group_id = _group_id(config, self.stage_id, self.replica_id)
+        self.codec_edge = _codec_edge(config)
         self.producer_id = str(config.get("producer_id") or f"omni-{os.getpid()}")
         self.delivery_timeout_s = float(config.get("delivery_timeout_ms", 30_000)) / 1000.0
         self.linger_ms = float(config.get("linger_ms", 0))
         self.index_max_entries = int(config.get("index_max_entries", 100_000))
+        self.idle_s = float(config.get("request_idle_s", DEFAULT_IDLE_S))
         self._lock = threading.Condition()
         self._producer: Any = None
         self._consumer_thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
-        self._index = HandOutIndex(self.index_max_entries)  # omni.index: each key once
+        self._index = HandOutIndex(self.index_max_entries, self.idle_s)  # omni.index
         self._counts: dict[str, int] = defaultdict(int)
         self._in_flight = 0
         self._lag: int | None = None
         self.last_error = ""
+        if self.role != "sender":
+            self._ensure_consumer()  # caught up by the time the adapter polls its first key
 
     # ------------------------------------------------------------------------------------- put
     def put(
@@ -108,6 +145,7 @@ class CodeclogKafkaConnector:
                 put_key=put_key,
                 now_ms=time.time_ns() // 1_000_000,
                 producer_id=self.producer_id,
+                codec_edge=self.codec_edge,
             )
         except PayloadError as exc:
             self._failed("put", put_key, f"unsendable payload: {exc}")
@@ -148,6 +186,10 @@ class CodeclogKafkaConnector:
         with self._lock:
             self._counts["puts"] += 1
             self._counts["put_bytes"] += encoded.size
+        if self.role != "sender":  # this instance receives too: its own put is readable now
+            self._index_record(
+                encoded.value, encoded.headers, result["partition"], result["offset"], False
+            )
         metadata = {
             "topic": self.topic,
             "partition": result["partition"],
@@ -223,13 +265,13 @@ class CodeclogKafkaConnector:
         return None
 
     def _take(self, key: IndexKey) -> tuple[Any, int] | None:
-        entry = self._index.take(key)
+        entry = self._index.take(key, time.monotonic())
         return None if entry is None else (entry.payload, entry.size)
 
     def cleanup(self, request_id: str) -> bool:
-        request_id = str(request_id)
+        """Forget a request (its id), or one put key (vllm-omni 0.30's shared-memory form)."""
         with self._lock:
-            self._index.forget(request_id)
+            self._index.forget(str(request_id))
             self._counts["cleanups"] += 1
         return True
 
@@ -256,7 +298,7 @@ class CodeclogKafkaConnector:
                 },
             )
         )
-        consumer.subscribe([self.topic])
+        consumer.subscribe([self.topic], on_assign=self._on_assign)
         next_commit = next_lag = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -268,6 +310,8 @@ class CodeclogKafkaConnector:
                     next_commit = now + COMMIT_EVERY_S
                 if now >= next_lag:
                     self._measure_lag(consumer)
+                    with self._lock:
+                        self._index.expire(now)
                     next_lag = now + LAG_EVERY_S
             self._commit(consumer)
         except Exception as exc:
@@ -275,29 +319,47 @@ class CodeclogKafkaConnector:
         finally:
             consumer.close()
 
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        """Resume where this receiver read up to, so a rebalance never re-reads in-process."""
+        with self._lock:
+            for tp in partitions:
+                position = self._index.read_position(tp.partition)
+                if position > 0:
+                    tp.offset = position
+        consumer.assign(partitions)
+
     def _index_message(self, message: Any) -> None:
         if message.error() is not None:
             if message.error().code() != KafkaError._PARTITION_EOF:
                 self._failed("consume", self.topic, message.error().str())
             return
         partition, offset = message.partition(), message.offset()
+        self._index_record(message.value(), message.headers(), partition, offset, True)
+
+    def _index_record(
+        self, value: bytes | None, headers: Any, partition: int, offset: int, consumed: bool
+    ) -> None:
+        """Index one record: read by the consumer (`consumed`) or just put by this instance."""
         try:
-            decoded = decode_payload(message.value(), message.headers())
+            decoded = decode_payload(value, headers)
         except (wire.DecodeError, PayloadError) as exc:
             self._failed("decode", f"{self.topic}[{partition}]@{offset}", str(exc))
             decoded = None
+        size = len(value or b"") + sum(len(v or b"") for _k, v in headers or ())
         with self._lock:
-            self._index.read(partition, offset)
+            if consumed:
+                self._index.read(partition, offset)
             if decoded is None:
                 self._counts["skipped_records"] += 1
                 return
-            self._add(decoded, partition, offset, _size(message))
+            self._add(decoded, partition, offset, size)
             self._lock.notify_all()
 
     def _add(self, decoded: Decoded, partition: int, offset: int, size: int) -> None:
         envelope = decoded.envelope
         key = (envelope.put_key, envelope.from_stage, envelope.to_stage)
-        self._index.add(key, Entry(decoded.payload, size, partition, offset))  # once only
+        entry = Entry(decoded.payload, size, partition, offset, decoded.terminal)
+        self._index.add(key, entry, time.monotonic())  # once only
 
     def _commit(self, consumer: Any) -> None:
         # Commit below the oldest entry not handed out yet: a restarted receiver re-reads it.
@@ -341,6 +403,9 @@ class CodeclogKafkaConnector:
                 "lag": self._lag,
                 "in_flight": self._in_flight,
                 "index_entries": len(self._index),
+                "index_requests": self._index.requests,
+                "handed_keys": self._index.handed,
+                "replica_id": self.replica_id,
                 "failures": failures,
                 "last_error": self.last_error,
                 **dict(self._counts),
@@ -374,6 +439,40 @@ class CodeclogKafkaConnector:
             self.close()
 
 
-def _size(message: Any) -> int:
-    value = message.value() or b""
-    return len(value) + sum(len(v or b"") for _k, v in message.headers() or ())
+def _stage_id(value: Any) -> Any:
+    """The stage id as vllm-omni keeps it: an int (the chunk adapter computes stage_id - 1)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def _replica_id(config: Mapping[str, Any]) -> int:
+    """Which replica of its stage this process is: `replica_id` in the config, else the
+    VLLM_OMNI_REPLICA_ID vllm-omni sets in every stage engine process, else 0."""
+    raw = config.get("replica_id", os.environ.get(REPLICA_ENV, "0"))
+    try:
+        return max(int(raw), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _group_id(config: Mapping[str, Any], stage_id: Any, replica_id: int) -> str:
+    """The receiver's consumer group: one per replica, so each reads every partition and hands
+    out the keys of the requests vllm-omni routed to it. `{replica}` in `group_id` places the
+    replica id; without it, `-replica<N>` is appended."""
+    stage = f"-stage{stage_id}" if isinstance(stage_id, int) and stage_id >= 0 else ""
+    base = str(config.get("group_id") or f"codeclog-omni{stage}")
+    if "{replica}" in base:
+        return base.replace("{replica}", str(replica_id))
+    return f"{base}-replica{replica_id}"
+
+
+def _codec_edge(config: Mapping[str, Any]) -> bool | None:
+    """Whether this edge is MiniCPM-o's talker -> Code2Wav (omni.payload): `codec_edge` in the
+    config, else True where the config carries the codec windowing the MiniCPM-o processor
+    reads from it (`codec_chunk_frames`), else None: decided per payload."""
+    explicit = config.get("codec_edge")
+    if explicit is not None:
+        return str(explicit).lower() in ("1", "true", "yes")
+    return True if "codec_chunk_frames" in config else None

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from codeclog.omni.connector import CodeclogKafkaConnector
-from codeclog.omni.payload import minicpmo_payload
+from codeclog.omni.minicpmo import minicpmo_payload
 from codeclog.producers.talker import Talker
 from codeclog.schemas.records import CodecChunk
 

@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.devtools.broker import pick_free_port
 from codeclog.omni.connector import CodeclogKafkaConnector
-from codeclog.omni.payload import minicpmo_payload
+from codeclog.omni.minicpmo import minicpmo_payload
 from codeclog.testing.upstream_streams import preroll_window
 from tests.omni.equality import payload_equal
 
@@ -112,7 +112,7 @@ def test_a_restarted_receiver_gets_what_it_had_not_handed_out(
         assert sender.put("1", "2", "w_1_1", {"k": 1})[0]  # same request: same partition
     with CodeclogKafkaConnector(receiving) as receiver:
         assert _wait(receiver, "w_1_1")[0] == {"k": 1}  # w_1_0 was read before it and waits
-        group, partition = receiving["group_id"], waiting["partition"]
+        group, partition = receiver.group_id, waiting["partition"]
         assert _committed(kafka_bootstrap, group, topic, partition) == waiting["offset"]
     with CodeclogKafkaConnector(receiving) as restarted:
         assert _wait(restarted, "w_1_0")[0] == {"k": 0}

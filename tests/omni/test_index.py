@@ -1,4 +1,5 @@
-"""The connector receiver's index (omni.index), without Kafka: each key is handed out once."""
+"""The connector receiver's index (omni.index), without Kafka: each key is handed out once, and
+nothing of a request is kept once it ended."""
 
 from __future__ import annotations
 
@@ -10,28 +11,29 @@ from codeclog.omni.index import Entry, HandOutIndex, IndexKey, request_of
 KEY: IndexKey = ("req_a_1_0", "1", "2")
 
 
-def _entry(offset: int, payload: object = "p") -> Entry:
-    return Entry(payload, 10, 0, offset)
+def _entry(offset: int, payload: object = "p", terminal: bool = False) -> Entry:
+    return Entry(payload, 10, 0, offset, terminal)
 
 
 def test_a_copy_that_arrives_after_the_key_was_handed_out_is_dropped_and_counted() -> None:
     index = HandOutIndex(100)
-    assert index.add(KEY, _entry(0, "first"))
-    taken = index.take(KEY)
+    assert index.add(KEY, _entry(0, "first"), 0.0)
+    taken = index.take(KEY, 0.0)
     assert taken is not None and taken.payload == "first"
     index.read(0, 0)
-    assert not index.add(KEY, _entry(1, "copy"))  # a producer retry that landed twice
+    assert not index.add(KEY, _entry(1, "copy"), 0.0)  # a producer retry that landed twice
     index.read(0, 1)
-    assert index.take(KEY) is None
+    assert index.take(KEY, 0.0) is None
     assert len(index) == 0 and index.counts["redelivered"] == 1 and index.counts["gets"] == 1
     assert index.commit_offsets() == {0: 2}  # nothing waits: the copy is not re-read
 
 
 def test_a_copy_that_arrives_while_the_key_waits_is_dropped() -> None:
     index = HandOutIndex(100)
-    assert index.add(KEY, _entry(0, "first"))
-    assert not index.add(KEY, _entry(1, "copy"))
-    taken = index.take(KEY)
+    assert index.add(KEY, _entry(0, "first"), 0.0)
+    assert not index.add(KEY, _entry(1, "copy"), 0.0)
+    assert not index.add(KEY, _entry(0, "first"), 0.0)  # the same record read again: silent
+    taken = index.take(KEY, 0.0)
     assert taken is not None and taken.payload == "first"
     assert index.counts["redelivered"] == 1
 
@@ -40,11 +42,11 @@ def test_forget_ends_a_request_and_only_that_request() -> None:
     index = HandOutIndex(100)
     other: IndexKey = ("req_b_1_0", "1", "2")
     for key in (KEY, other):
-        assert index.add(key, _entry(0))
-        assert index.take(key) is not None
+        assert index.add(key, _entry(0), 0.0)
+        assert index.take(key, 0.0) is not None
     index.forget("req_a")
-    assert index.add(KEY, _entry(5))  # a new request under the same id after cleanup
-    assert not index.add(other, _entry(6))
+    assert index.add(KEY, _entry(5), 0.0)  # a new request under the same id after cleanup
+    assert not index.add(other, _entry(6), 0.0)
 
 
 # A sequence of operations on a few keys: ("add", key number), ("take", key), ("forget", request)
@@ -66,9 +68,9 @@ def test_every_key_is_handed_out_at_most_once_between_cleanups(ops: list[tuple[s
     for offset, (op, number) in enumerate(ops):
         key = _key(number)
         if op == "add":
-            refused += not index.add(key, Entry(offset, 1, 0, offset))
+            refused += not index.add(key, Entry(offset, 1, 0, offset), 0.0)
         elif op == "take":
-            if index.take(key) is not None:
+            if index.take(key, 0.0) is not None:
                 handed[key] = handed.get(key, 0) + 1
         else:
             index.forget(f"r{number % 2}")
@@ -82,13 +84,13 @@ def test_the_commit_offset_stays_below_the_oldest_entry_not_handed_out() -> None
     keys: list[IndexKey] = [(f"w_1_{n}", "1", "2") for n in range(3)]
     for offset, key in enumerate(keys):
         index.read(0, offset)
-        assert index.add(key, _entry(offset))
+        assert index.add(key, _entry(offset), 0.0)
     index.read(1, 4)  # another partition, nothing waits there
-    assert index.take(keys[1]) is not None
+    assert index.take(keys[1], 0.0) is not None
     assert index.commit_offsets() == {0: 0, 1: 5}  # keys[0] waits: a restart re-reads it
-    assert index.take(keys[0]) is not None
+    assert index.take(keys[0], 0.0) is not None
     assert index.commit_offsets() == {0: 2, 1: 5}
-    assert index.take(keys[2]) is not None
+    assert index.take(keys[2], 0.0) is not None
     assert index.commit_offsets() == {0: 3, 1: 5}
 
 
@@ -96,6 +98,63 @@ def test_an_evicted_entry_no_longer_holds_the_commit_offset() -> None:
     index = HandOutIndex(1)
     for offset, key in enumerate([KEY, ("req_a_1_1", "1", "2")]):
         index.read(0, offset)
-        assert index.add(key, _entry(offset))
-    assert index.counts["evicted"] == 1 and index.take(KEY) is None
+        assert index.add(key, _entry(offset), 0.0)
+    assert index.counts["evicted"] == 1 and index.take(KEY, 0.0) is None
     assert index.commit_offsets() == {0: 1}
+
+
+def test_handing_out_the_terminal_entry_ends_the_request() -> None:
+    index = HandOutIndex(100)
+    keys: list[IndexKey] = [(f"req_a_1_{n}", "1", "2") for n in range(3)]
+    for offset, key in enumerate(keys):
+        assert index.add(key, _entry(offset, terminal=offset == 2), 0.0)
+    assert index.take(keys[0], 0.0) is not None and index.take(keys[1], 0.0) is not None
+    assert index.requests == 1 and index.handed == 2
+    assert index.take(keys[2], 0.0) is not None
+    assert (index.requests, index.handed, len(index)) == (0, 0, 0)
+    assert index.counts["finished"] == 1
+
+
+def test_a_request_nobody_asks_for_is_dropped_after_the_idle_time() -> None:
+    index = HandOutIndex(100, idle_s=10.0)
+    assert index.add(KEY, _entry(0), 0.0)  # e.g. a request routed to another replica
+    assert index.add(("req_b_1_0", "1", "2"), _entry(1), 5.0)
+    index.expire(9.0)
+    assert index.requests == 2
+    index.expire(10.0)
+    assert index.requests == 1 and len(index) == 1 and index.counts["expired"] == 1
+    index.read(0, 1)
+    assert index.commit_offsets() == {0: 1}  # only req_b's entry holds the commit offset
+
+
+def test_forget_takes_a_request_id_or_one_put_key() -> None:
+    index = HandOutIndex(100)
+    keys: list[IndexKey] = [(f"req_a_1_{n}", "1", "2") for n in range(2)]
+    for offset, key in enumerate(keys):
+        assert index.add(key, _entry(offset), 0.0)
+    index.forget("req_a_1_0")  # vllm-omni 0.30's shared-memory form: the exact put key
+    assert index.take(keys[0], 0.0) is None and len(index) == 1
+    index.forget("req_a")
+    assert (index.requests, len(index)) == (0, 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 8), min_size=1, max_size=40))
+def test_nothing_is_kept_of_requests_that_ended(lengths: list[int]) -> None:
+    """Requests of any lengths, interleaved, each handed out up to its terminal entry."""
+    index = HandOutIndex(10_000)
+    keys = {
+        r: [(f"q{r}_1_{n}", "1", "2") for n in range(length)] for r, length in enumerate(lengths)
+    }
+    offset = 0
+    for n in range(max(lengths)):
+        for r, request_keys in keys.items():
+            if n < len(request_keys):
+                index.read(0, offset)
+                assert index.add(request_keys[n], _entry(offset, terminal=n == lengths[r] - 1), 0.0)
+                offset += 1
+    for request_keys in keys.values():
+        for key in request_keys:
+            assert index.take(key, 0.0) is not None
+    assert (index.requests, index.handed, len(index)) == (0, 0, 0)
+    assert index.commit_offsets() == {0: offset}

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
+import msgspec
 import numpy as np
 import pytest
 import torch
 
+from codeclog.omni.minicpmo import is_codec_payload, minicpmo_payload
 from codeclog.omni.payload import (
     HEADER,
     PayloadError,
     decode_payload,
     encode_payload,
-    is_codec_payload,
-    minicpmo_payload,
     parse_put_key,
 )
 from codeclog.schemas import wire
-from codeclog.schemas.records import PayloadEnvelope
+from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind, PayloadEnvelope
 from codeclog.testing.upstream_streams import preroll_window
 from tests.omni.equality import payload_equal
 
@@ -124,3 +125,108 @@ def test_unsendable_payloads_are_refused_with_a_payload_error() -> None:
 
 def test_records_the_connector_did_not_write_are_not_payloads() -> None:
     assert decode_payload(wire.encode(CHUNK), []) is None  # a plain talker chunk, no header
+
+
+# vllm-omni's payload structs (vllm_omni.data_entry_keys), as they are declared: msgspec Structs
+# that omit defaults, keyword-only, refusing unknown fields; a model's meta subclasses the base.
+class _Struct(msgspec.Struct, omit_defaults=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class Codes(_Struct):
+    audio: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+
+
+class Meta(_Struct):
+    finished: torch.Tensor | None = None
+    is_segment_finished: torch.Tensor | None = None
+    request_id: str | None = None
+    chunk_seq: int | None = None
+    cache_epoch: int | None = None
+    last_chunk: bool | None = None
+    code_flat_numel: int | None = None
+    omni_task: list[str] = []  # a factory default
+
+
+class MiniCPMOMeta(Meta):
+    duplex_epoch: int | None = None
+
+
+class Payload(_Struct):
+    hidden: torch.Tensor | None = None
+    codes: Codes | None = None
+    meta: Meta | None = None
+    request_id: str | None = None
+
+
+def _keys(tree: object) -> object:
+    """The dict structure of a payload: keys all the way down, leaves as None."""
+    return {k: _keys(v) for k, v in tree.items()} if isinstance(tree, dict) else None
+
+
+def _msgspec_keys(struct: object) -> object:
+    """The dict structure msgspec's own encoding gives a struct (what vllm-omni sends)."""
+    return _keys(json.loads(msgspec.json.encode(struct, enc_hook=lambda _obj: None)))
+
+
+def _encode(payload: object, codec_edge: bool | None = None) -> object:
+    return encode_payload(
+        payload, from_stage="1", to_stage="2", put_key="r_x_1_4", now_ms=5, codec_edge=codec_edge
+    )
+
+
+def test_a_struct_travels_as_the_dict_msgspec_encodes_it_without_its_defaults() -> None:
+    ids = torch.tensor([4218, 4218, 4218, 7, 8], dtype=torch.long)
+    payload = Payload(
+        codes=Codes(audio=ids),
+        meta=MiniCPMOMeta(
+            request_id="r_x", chunk_seq=4, cache_epoch=1, last_chunk=False, duplex_epoch=2
+        ),
+        request_id="r_x",
+    )
+    encoded, decoded = _round_trip(payload)
+    assert encoded.record_type == "codec_chunk"  # type: ignore[attr-defined]
+    chunk = wire.decode(encoded.value)  # type: ignore[attr-defined]
+    assert isinstance(chunk, CodecChunk) and chunk.codes == tuple(ids.tolist())
+    assert (chunk.cache_epoch, chunk.chunk_seq, chunk.duplex_epoch) == (1, 4, 2)
+    expected = {
+        "codes": {"audio": ids},
+        "meta": {
+            "request_id": "r_x",
+            "chunk_seq": 4,
+            "cache_epoch": 1,
+            "last_chunk": False,
+            "duplex_epoch": 2,
+        },
+        "request_id": "r_x",
+    }
+    assert payload_equal(decoded.payload, expected)  # type: ignore[attr-defined]
+    assert _keys(decoded.payload) == _msgspec_keys(payload)  # type: ignore[attr-defined]
+
+
+def test_on_the_codec_edge_a_window_whose_metadata_was_lost_is_still_a_codec_chunk() -> None:
+    stripped = Payload(codes=Codes(audio=torch.tensor([1, 2, 3])), request_id="r_x")
+    assert _encode(stripped).record_type == "payload_envelope"  # type: ignore[attr-defined]
+    encoded = _encode(stripped, codec_edge=True)
+    chunk = wire.decode(encoded.value)  # type: ignore[attr-defined]
+    # the defaults the upstream Code2Wav substitutes for missing producer fields
+    assert chunk == CodecChunk("r_x", (1, 2, 3), produced_at_ms=5)
+    assert _encode(minicpmo_payload(CHUNK), codec_edge=False).record_type == "payload_envelope"  # type: ignore[attr-defined]
+
+
+def test_on_the_codec_edge_a_payload_without_codes_is_a_finish_control_event() -> None:
+    end = Payload(meta=Meta(finished=torch.tensor(True), is_segment_finished=torch.tensor(False)))
+    boundary = Payload(meta=Meta(is_segment_finished=torch.tensor(True)), request_id="r_x")
+    for payload, reason, terminal in (
+        (end, "vllm-omni end marker", True),
+        (boundary, "vllm-omni control-only boundary", False),
+    ):
+        encoded = _encode(payload, codec_edge=True)
+        assert encoded.record_type == "control_event"  # type: ignore[attr-defined]
+        event = wire.decode(encoded.value)  # type: ignore[attr-defined]
+        assert event == ControlEvent("r_x", ControlKind.FINISH, reason, 5)
+        decoded = decode_payload(encoded.value, encoded.headers)  # type: ignore[attr-defined]
+        assert decoded is not None and decoded.terminal is terminal
+        assert _keys(decoded.payload) == _msgspec_keys(payload)
+    assert _encode(end).record_type == "payload_envelope"  # type: ignore[attr-defined]

@@ -121,3 +121,23 @@ def test_the_plugin_connector_and_hook_import_without_torch_or_vllm() -> None:
         "assert not {'torch', 'vllm', 'vllm_omni'} & set(sys.modules), sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("installed", "warns"), [("0.30.0", False), ("0.30.2", False), ("0.31.0", True)]
+)
+def test_another_vllm_omni_release_registers_with_a_warning(
+    fake_vllm_omni: type[_Factory],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    installed: str,
+    warns: bool,
+) -> None:
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: installed)
+    with caplog.at_level("WARNING", logger="codeclog.omni"):
+        assert plugin.register() is True
+    assert fake_vllm_omni.registry[NAME] is CodeclogKafkaConnector
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert bool(warnings) is warns
+    if warns:
+        assert f"vllm-omni {installed}" in warnings[0] and "0.30.x" in warnings[0]
