@@ -45,6 +45,33 @@ if [ ! -f "$ref_causal/stepaudio2/causal_vocoder/generator.py" ]; then
   "$venv/bin/python" -m pip install -q --progress-bar off --no-deps --target "$ref_causal" minicpmo-utils==1.0.7
 fi
 
+# The vllm-omni environment of the real-package tier (tests/omni/test_vllm_omni_tier.py): built
+# as a vllm-omni user builds it, pip resolving vllm-omni 0.30.0 with vllm 0.30.0 (the pair it is
+# built for), then codeclog with its dependencies; once per machine (about 9 GB, 5 minutes).
+# Python 3.10, the oldest both support, where this machine has it: codeclog runs inside vLLM
+# on 3.10 too. The tier reinstalls the checkout's codeclog into it on every run.
+omni_venv="${CODECLOG_OMNI_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/codeclog/omni-venv}"
+omni_stamp="$omni_venv/.codeclog-omni"
+omni_want="vllm-omni==0.30.0 vllm==0.30.0"
+if [ "$(cat "$omni_stamp" 2>/dev/null)" != "$omni_want" ]; then
+  omni_python=""
+  for candidate in python3.10 "$(pyenv root 2>/dev/null)"/versions/3.10*/bin/python3.10; do
+    if [ -n "$candidate" ] && "$candidate" -c "import sys; sys.exit(sys.version_info[:2] != (3, 10))" 2>/dev/null; then
+      omni_python="$candidate"; break
+    fi
+  done
+  omni_python="${omni_python:-$python}"
+  echo "bootstrap: building the vllm-omni environment $omni_venv ($omni_want, $("$omni_python" -V 2>&1); first time on this machine: about 9 GB)"
+  rm -rf "$omni_venv"
+  "$omni_python" -m venv "$omni_venv"
+  "$omni_venv/bin/python" -m pip install -q --upgrade pip
+  # shellcheck disable=SC2086
+  "$omni_venv/bin/python" -m pip install -q --progress-bar off $omni_want
+  "$omni_venv/bin/python" -m pip install -q --progress-bar off "$here" pytest pytest-timeout
+  "$omni_venv/bin/python" -m pip check >/dev/null
+  echo "$omni_want" > "$omni_stamp"
+fi
+
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)

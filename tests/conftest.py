@@ -41,6 +41,8 @@ TEST_FETCH_TIMEOUT_S = 240.0
 # A cold JVM needs about 5 s on an idle 2-core box, but several times that when other test
 # sessions share the cores.
 TEST_START_TIMEOUT_S = 120.0
+# The real-package tier runs in the vllm-omni environment, through tests/omni/test_vllm_omni_tier.py
+collect_ignore = ["vllm_omni_tier"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

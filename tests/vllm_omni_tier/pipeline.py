@@ -1,0 +1,297 @@
+"""The MiniCPM-o talker -> Code2Wav edge of the released vllm-omni, driven as its engine drives it.
+
+Everything here is the real package: the deploy config goes through vllm-omni's own
+`load_omni_transfer_config` and `get_stage_connector_spec`; the connector is made by the real
+`OmniChunkTransferAdapter` through the real `OmniConnectorFactory` (where vLLM's plugin loading
+registered codeclog); the talker side runs the package's `tts2code2wav_async_chunk` processor.
+What the package cannot reach here (no GPU, no weights) is plain objects, as upstream's own
+adapter tests make them: the vLLM model and scheduler configs, the requests, and `Code2Wav`, the
+scheduler loop of the Code2Wav stage as far as the adapter sees it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from vllm.v1.request import RequestStatus
+from vllm_omni.data_entry_keys import OmniPayloadStruct
+from vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_transfer_adapter import (
+    OmniChunkTransferAdapter,
+)
+from vllm_omni.distributed.omni_connectors.utils.initialization import load_omni_transfer_config
+from vllm_omni.engine.stage_init_utils import get_stage_connector_spec
+
+PROCESSOR = (
+    "vllm_omni.model_executor.stage_input_processors.minicpmo_4_5_omni.tts2code2wav_async_chunk"
+)
+TALKER, CODE2WAV = 1, 2
+# The codec windowing extras of vllm-omni's MiniCPM-o 4.5 deploy (deploy/minicpmo_4_5.yaml),
+# which its processor reads from the connector config.
+CODEC_EXTRA = {"codec_chunk_frames": 25, "codec_left_context_frames": 3}
+SILENCE = 4218
+
+
+def deploy_config(connector: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """A deploy config shaped like vllm-omni's minicpmo_4_5.yaml, its one edge on `connector`."""
+    return {
+        "pipeline": "minicpmo_4_5",
+        "async_chunk": True,
+        "connectors": {"talker_to_code2wav": {"name": connector, "extra": dict(extra)}},
+        "stages": [
+            {"stage_id": 0, "max_num_seqs": 4},
+            {
+                "stage_id": TALKER,
+                "max_num_seqs": 4,
+                "output_connectors": {f"to_stage_{CODE2WAV}": "talker_to_code2wav"},
+            },
+            {
+                "stage_id": CODE2WAV,
+                "max_num_seqs": 4,
+                "input_connectors": {f"from_stage_{TALKER}": "talker_to_code2wav"},
+            },
+        ],
+    }
+
+
+def kafka_extra(bootstrap: str, topic: str, **more: Any) -> dict[str, Any]:
+    return {"bootstrap": bootstrap, "topic": topic, **CODEC_EXTRA, **more}
+
+
+def shm_extra() -> dict[str, Any]:
+    return {"connector_get_sleep_s": 0.01, **CODEC_EXTRA}
+
+
+def _adapter(deploy: dict[str, Any], stage_id: int, worker_type: str) -> OmniChunkTransferAdapter:
+    transfer = load_omni_transfer_config(config_dict=deploy)
+    spec = get_stage_connector_spec(transfer, stage_id, async_chunk=True)
+    model_config = SimpleNamespace(
+        stage_id=stage_id,
+        stage_connector_config=spec,
+        worker_type=worker_type,
+        async_chunk=True,
+        max_num_seqs=4,
+        max_model_len=4096,
+        custom_process_next_stage_input_func=PROCESSOR if stage_id == TALKER else None,
+    )
+    scheduler_config = SimpleNamespace(max_num_seqs=4)
+    return OmniChunkTransferAdapter(
+        SimpleNamespace(model_config=model_config, scheduler_config=scheduler_config)
+    )
+
+
+def talker_adapter(deploy: dict[str, Any]) -> OmniChunkTransferAdapter:
+    """The talker stage's adapter (stage 1, worker type "ar"): the sending side of the edge."""
+    return _adapter(deploy, TALKER, "ar")
+
+
+def code2wav_adapter(deploy: dict[str, Any], replica: int = 0) -> OmniChunkTransferAdapter:
+    """The Code2Wav stage's adapter (stage 2, "generation"), in replica `replica`: vllm-omni
+    sets VLLM_OMNI_REPLICA_ID in each stage engine process before its adapter is built."""
+    with replica_env(replica):
+        return _adapter(deploy, CODE2WAV, "generation")
+
+
+@contextmanager
+def replica_env(replica: int) -> Iterator[None]:
+    before = os.environ.get("VLLM_OMNI_REPLICA_ID")
+    os.environ["VLLM_OMNI_REPLICA_ID"] = str(replica)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_OMNI_REPLICA_ID", None)
+        else:
+            os.environ["VLLM_OMNI_REPLICA_ID"] = before
+
+
+class Request(SimpleNamespace):
+    """A vLLM request as the adapter and the processor read it (the adapter snapshots it with
+    copy.copy for its save thread, so `is_finished` reads the snapshot's own status)."""
+
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+
+def request(request_id: str, external_id: str, **more: Any) -> Request:
+    fields: dict[str, Any] = {
+        "status": RequestStatus.WAITING,
+        "resumable": False,
+        "prompt_token_ids": [],
+        "num_computed_tokens": 0,
+        "num_output_placeholders": 0,
+        "additional_information": None,
+        **more,
+    }
+    return Request(request_id=request_id, external_req_id=external_id, **fields)
+
+
+def talk(
+    adapter: OmniChunkTransferAdapter,
+    streams: Mapping[str, list[int]],
+    *,
+    abort: tuple[str, ...] = (),
+) -> None:
+    """The talker's engine loop: one codec id per request per step, interleaved, then the EOS
+    step (the request finished, or aborted for those in `abort`), each step through save_async."""
+    requests = {rid: request(f"talker-{rid}", rid) for rid in streams}
+    for step in range(max(len(ids) for ids in streams.values()) + 1):
+        for rid, ids in streams.items():
+            req = requests[rid]
+            if step > len(ids):
+                continue
+            if step == len(ids):
+                aborted = rid in abort
+                req.status = (
+                    RequestStatus.FINISHED_ABORTED if aborted else RequestStatus.FINISHED_STOPPED
+                )
+                delta: list[int] = []
+            else:
+                delta = [ids[step]]
+            req.num_computed_tokens += 1
+            output = {"codes.audio": torch.tensor(delta, dtype=torch.long)}
+            adapter.save_async(multimodal_output=output, request=req)
+
+
+def talk_segments(
+    adapter: OmniChunkTransferAdapter, external_id: str, segments: list[list[int]]
+) -> None:
+    """A resumable request (vllm-omni's /v1/realtime sessions): each segment under a new internal
+    request of the same external id, ended by a segment finish; the last one by the request's
+    finish. The processor opens a new cache epoch for each internal request."""
+    for index, ids in enumerate(segments):
+        last = index == len(segments) - 1
+        req = request(f"talker-{external_id}-{index}", external_id, resumable=not last)
+        for step in range(len(ids) + 1):
+            ending = step == len(ids)
+            if ending and last:
+                req.status = RequestStatus.FINISHED_STOPPED
+            req.num_computed_tokens += 1
+            output = {"codes.audio": torch.tensor([] if ending else [ids[step]], dtype=torch.long)}
+            adapter.save_async(
+                multimodal_output=output, request=req, is_segment_finished=ending and not last
+            )
+
+
+def wait_sent(adapter: OmniChunkTransferAdapter, timeout_s: float = 60.0) -> None:
+    """Until the adapter's save thread has put everything queued."""
+    deadline = time.monotonic() + timeout_s
+    while adapter._pending_save_reqs or any(t.in_flight for t in adapter._sender_tokens.values()):
+        if time.monotonic() > deadline:
+            raise AssertionError("the talker adapter did not send everything in time")
+        time.sleep(0.01)
+
+
+class _WaitingQueue(list):  # vLLM's request queue, as far as the adapter uses it
+    def prepend_requests(self, requests: list[Any]) -> None:
+        self[:0] = list(requests)
+
+    def add_request(self, request: Any) -> None:
+        self.append(request)
+
+
+class Code2Wav:
+    """The Code2Wav stage's scheduler loop as the chunk adapter sees it.
+
+    Each step: `process_pending_chunks` parks the requests that need a chunk (registering their
+    next get) and hands back those whose chunk arrived; each of those runs one step on the chunk
+    (recorded: prompt token ids and the payload's `meta`), its ready mark cleared through
+    `postprocess_scheduler_output`; a request whose input is exhausted finishes through
+    `finish_requests`; `restore_queues` returns the parked ones.
+    """
+
+    def __init__(self, adapter: OmniChunkTransferAdapter) -> None:
+        self.adapter = adapter
+        self.waiting = _WaitingQueue()
+        self.running: list[Any] = []
+        self.requests: dict[str, Any] = {}
+        self.chunks: dict[str, list[dict[str, Any]]] = {}  # external id -> what each step got
+        self.finished: list[str] = []
+
+    def add(self, external_id: str) -> None:
+        req = request(f"code2wav-{external_id}", external_id)
+        self.requests[req.request_id] = req
+        self.chunks[external_id] = []
+        self.waiting.add_request(req)
+
+    def step(self) -> None:
+        adapter = self.adapter
+        adapter.process_pending_chunks(self.waiting, self.running, scheduler_requests=self.requests)
+        scheduled = []
+        for req in list(self.waiting):
+            if req.request_id in adapter.requests_with_ready_chunks:
+                scheduled.append(req)
+                self.chunks[req.external_req_id].append(_seen(req))
+            elif adapter.is_done_receiving_chunks(req.request_id):
+                self._finish(req)
+        output = SimpleNamespace(
+            scheduled_new_reqs=[SimpleNamespace(req_id=r.request_id) for r in scheduled],
+            scheduled_cached_reqs=SimpleNamespace(req_ids=[], additional_information={}),
+        )
+        adapter.postprocess_scheduler_output(output, self.requests)
+        adapter.restore_queues(self.waiting, self.running, self.requests)
+
+    def _finish(self, req: Any) -> None:
+        self.waiting.remove(req)
+        req.status = RequestStatus.FINISHED_STOPPED
+        self.adapter.finish_requests(
+            {req.request_id}, RequestStatus.FINISHED_STOPPED, self.requests
+        )
+        del self.requests[req.request_id]
+        self.finished.append(req.external_req_id)
+
+    def run(self, timeout_s: float = 120.0) -> None:
+        """Step until every request added has finished."""
+        deadline = time.monotonic() + timeout_s
+        while self.requests:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"Code2Wav requests still waiting: {sorted(self.requests)}; "
+                    f"connector: {self.adapter.connector.health()}"
+                )
+            self.step()
+            time.sleep(0.002)
+
+
+def _seen(req: Any) -> dict[str, Any]:
+    """What one Code2Wav step of a request got from the adapter."""
+    info = req.additional_information or {}
+    meta = info.get("meta", {}) if isinstance(info, Mapping) else {}
+    return {
+        "prompt_token_ids": list(req.prompt_token_ids),
+        "meta": {k: _value(v) for k, v in meta.items()},
+    }
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), value.tolist())
+    return copy.deepcopy(value)
+
+
+def admitting_chunk_stripped(processor: Any, epoch: int = 1) -> Any:
+    """The processor, with the admitting chunk of `epoch` (chunk_seq 0) stripped to its codes
+    and request id: what vllm-omni's runner left of it when async-chunk pre-warm state shadowed
+    it (the seed incident, vllm-omni #7978/#7979), so the log holds what Code2Wav then read."""
+
+    def stripped(
+        transfer_manager: Any, multimodal_output: Any, request: Any, is_finished: bool = False
+    ) -> OmniPayloadStruct | None:
+        payload = processor(
+            transfer_manager=transfer_manager,
+            multimodal_output=multimodal_output,
+            request=request,
+            is_finished=is_finished,
+        )
+        meta = payload.meta if payload is not None else None
+        if meta is not None and meta.cache_epoch == epoch and meta.chunk_seq == 0:
+            return OmniPayloadStruct(codes=payload.codes, request_id=payload.request_id)
+        return payload
+
+    return stripped
