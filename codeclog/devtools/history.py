@@ -120,7 +120,8 @@ class LogRead:
         if self.node < 0 or self.high_watermark < 0:
             return f"{where}: no leader's log could be read"
         if self.complete:
-            return f"{where} from node {self.node}, complete to its high watermark {self.high_watermark}"
+            hw = self.high_watermark
+            return f"{where} from node {self.node}, complete to its high watermark {hw}"
         return (
             f"{where}: node {self.node}'s log ends at offset {self.end}, below the high watermark "
             f"{self.high_watermark}"
