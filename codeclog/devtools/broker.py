@@ -101,6 +101,8 @@ class PortInUseError(BrokerStartError):
 
 # ----------------------------------------------------------------------------- values
 
+BROKER_START_TIMEOUT_S = 60.0  # `broker start --timeout-s` for one broker
+
 
 @dataclasses.dataclass(frozen=True)
 class BrokerPorts:
@@ -115,7 +117,7 @@ class BrokerSettings:
     java: str | None = None  # None: $CODECLOG_JAVA, else $JAVA_HOME/bin/java, else `java`
     heap_min_mb: int = 256
     heap_max_mb: int = 1024  # plenty with the 2 MiB cleaner dedupe buffer below
-    start_timeout_s: float = 60.0
+    start_timeout_s: float = BROKER_START_TIMEOUT_S
     stop_timeout_s: float = 30.0
     # Linux only: the kernel sends the JVM SIGTERM when the process that started it dies, so a
     # killed test session leaves no broker behind. The CLI leaves it off (detached broker).
@@ -675,12 +677,19 @@ class LocalBroker:
         return self._await_started(process, ports, cluster_id)
 
     def _await_started(
-        self, process: subprocess.Popen[bytes], ports: BrokerPorts, cluster_id: str
+        self,
+        process: subprocess.Popen[bytes],
+        ports: BrokerPorts,
+        cluster_id: str,
+        deadline: float | None = None,
     ) -> BrokerState:
-        """Wait until the spawned JVM serves requests, then record its state file."""
+        """Wait until the spawned JVM serves requests (until `deadline` on this broker's clock,
+        else start_timeout_s from now), then record its state file."""
         bootstrap = f"{HOST}:{ports.broker_port}"
+        if deadline is None:
+            deadline = self._clock() + self.settings.start_timeout_s
         try:
-            self._wait_ready(process, ports.broker_port, bootstrap)
+            self._wait_ready(process, ports.broker_port, bootstrap, deadline)
         except BaseException:
             _kill_quietly(process)
             raise
@@ -744,8 +753,9 @@ class LocalBroker:
             str(self.properties_path),
         ]
 
-    def _wait_ready(self, process: subprocess.Popen[bytes], port: int, bootstrap: str) -> None:
-        deadline = self._clock() + self.settings.start_timeout_s
+    def _wait_ready(
+        self, process: subprocess.Popen[bytes], port: int, bootstrap: str, deadline: float
+    ) -> None:
         while True:
             code = process.poll()
             if code is not None:

@@ -63,6 +63,7 @@ from codeclog.devtools.links import (
     LINKS,
     LISTENERS,
     Fault,
+    LinkError,
     LinkUsageError,
     NodeLinks,
     Toxiproxy,
@@ -86,6 +87,8 @@ NODE_RSS_NOTE = "about 180 MB resident per node after start, at most about 0.7 G
 # Internal topics: few partitions keep a 2-core box responsive; more than one so that the
 # group and transaction coordinators of different ids can sit on different nodes.
 INTERNAL_PARTITIONS = 3
+# `broker start --timeout-s` for a cluster: its JVMs share the cores (one broker: 60 s)
+CLUSTER_START_TIMEOUT_S = 120.0
 
 Progress = Callable[[str], None]
 
@@ -327,8 +330,9 @@ class ClusterNode(LocalBroker):
         progress(f"node {self.node_id}: JVM started (pid {process.pid})")
         return process
 
-    def await_started(self, process: subprocess.Popen[bytes]) -> BrokerState:
-        return self._await_started(process, self.ports, self.layout.cluster_id)
+    def await_started(self, process: subprocess.Popen[bytes], deadline: float) -> BrokerState:
+        """Wait until the node serves requests, at most until `deadline` (time.monotonic)."""
+        return self._await_started(process, self.ports, self.layout.cluster_id, deadline)
 
     def running_pid(self) -> int | None:
         state = self._running_state()
@@ -348,6 +352,16 @@ class NodeStatus:
     kind: NodeStatusKind
     ports: BrokerPorts
     broker: BrokerStatus
+
+
+@dataclasses.dataclass(frozen=True)
+class LinksStatus:
+    """A faultable cluster's Toxiproxy: its pid (None: not running) and what keeps clients
+    from reaching the nodes through its proxies (empty: nothing)."""
+
+    pid: int | None
+    api: str
+    problems: tuple[str, ...]
 
 
 def process_is_stopped(pid: int) -> bool:
@@ -419,44 +433,57 @@ class LocalCluster:
 
     # lifecycle --------------------------------------------------------------------------
     def start(self, progress: Progress = _quiet) -> ClusterLayout:
-        """Start every node that is not running (creating the cluster if needed); idempotent."""
+        """Start every node that is not running (creating the cluster if needed); idempotent.
+        A start that fails stops what it started: the nodes it spawned, and Toxiproxy when it
+        was not running before."""
         self.settings.validate()
         if self.requested_faultable:
             find_server()  # before anything is written: a missing tool is one line, exit 2
         self._make_dir()
         with self._locked():
             layout = self._load_or_create(progress)
-            if layout.faultable:  # the proxies first: nodes and clients reach each other by them
-                self.toxiproxy(layout).start(layout.links)
-            pending = [self.node(n) for n in layout.node_ids if self.node(n).running_pid() is None]
-            if not pending:
-                progress(f"all {layout.nodes} nodes already run")
-                return layout
-            java = resolve_java(self.settings.java)
-            for (
-                node
-            ) in pending:  # one after another: the first makes the material, the rest read it
-                node.prepare_security(java, progress)
-            libs_dir = self.settings.fetcher.ensure(progress)
-            # Formatting is a JVM each: run them side by side, before any broker competes.
-            with concurrent.futures.ThreadPoolExecutor(len(pending)) as pool:
-                for done in [pool.submit(n.prepare, java, libs_dir, progress) for n in pending]:
-                    done.result()
-            spawned: list[tuple[ClusterNode, subprocess.Popen[bytes]]] = []
+            if not layout.faultable:
+                return self._start_nodes(layout, progress)
+            # the proxies first: nodes and clients reach each other by them
+            toxiproxy = self.toxiproxy(layout)
+            started = toxiproxy.start(layout.links)
             try:
-                for node in pending:
-                    spawned.append((node, node.spawn(java, libs_dir, progress)))
-                progress("waiting until every node serves requests (a quorum must form first)")
-                for node, process in spawned:
-                    node.await_started(process)
-                    progress(f"node {node.node_id}: ready on {HOST}:{node.ports.broker_port}")
+                return self._start_nodes(layout, progress)
             except BaseException:
-                for _node, process in spawned:
-                    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                        process.kill()
-                        process.wait(timeout=KILL_WAIT_S)
+                if started:
+                    toxiproxy.stop()
                 raise
+
+    def _start_nodes(self, layout: ClusterLayout, progress: Progress) -> ClusterLayout:
+        pending = [self.node(n) for n in layout.node_ids if self.node(n).running_pid() is None]
+        if not pending:
+            progress(f"all {layout.nodes} nodes already run")
             return layout
+        java = resolve_java(self.settings.java)
+        for node in pending:  # one after another: the first makes the material, the rest read it
+            node.prepare_security(java, progress)
+        libs_dir = self.settings.fetcher.ensure(progress)
+        # Formatting is a JVM each: run them side by side, before any broker competes.
+        with concurrent.futures.ThreadPoolExecutor(len(pending)) as pool:
+            for done in [pool.submit(n.prepare, java, libs_dir, progress) for n in pending]:
+                done.result()
+        spawned: list[tuple[ClusterNode, subprocess.Popen[bytes]]] = []
+        try:
+            for node in pending:
+                spawned.append((node, node.spawn(java, libs_dir, progress)))
+            progress("waiting until every node serves requests (a quorum must form first)")
+            # one deadline for the whole cluster: --timeout-s is what the user waits at most
+            deadline = time.monotonic() + self.settings.start_timeout_s
+            for node, process in spawned:
+                node.await_started(process, deadline)
+                progress(f"node {node.node_id}: ready on {HOST}:{node.ports.broker_port}")
+        except BaseException:
+            for _node, process in spawned:
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    process.kill()
+                    process.wait(timeout=KILL_WAIT_S)
+            raise
+        return layout
 
     def role_configs(self) -> dict[str, Path]:
         """user -> its librdkafka properties file, for a secured cluster (empty otherwise)."""
@@ -519,6 +546,20 @@ class LocalCluster:
             out.append(NodeStatus(node_id, kind, layout.node_ports(node_id), broker_status))
         return tuple(out)
 
+    def links_status(self) -> LinksStatus | None:
+        """Toxiproxy and every proxy of a faultable cluster (None for a cluster not faultable):
+        nodes that run behind a dead Toxiproxy, or a missing proxy, serve no client."""
+        layout = self.layout()
+        if not layout.faultable:
+            return None
+        toxiproxy = self.toxiproxy(layout)
+        names = [node.proxy(listener) for node in layout.links for listener in LISTENERS]
+        return LinksStatus(
+            toxiproxy.running_pid(),
+            f"{HOST}:{layout.toxiproxy_api}",
+            tuple(toxiproxy.problems(names)),
+        )
+
     # faults -------------------------------------------------------------------------------
     def toxiproxy(self, layout: ClusterLayout | None = None) -> Toxiproxy:
         layout = layout or self.layout()
@@ -531,7 +572,11 @@ class LocalCluster:
         if link not in LINKS:
             raise LinkUsageError(f"a link is one of {', '.join(LINKS)}, not {link!r}")
         proxies = layout.node_links(node_id).proxies(link)
-        apply(self.toxiproxy(layout), proxies, fault)
+        fault.check()
+        try:
+            apply(self.toxiproxy(layout), proxies, fault)
+        except LinkError as exc:
+            raise LinkError(f"node {node_id}, link {link}: {exc}") from exc
         progress(f"node {node_id}, link {link}: {fault.describe()}")
 
     def heal_all(self) -> None:
@@ -677,6 +722,7 @@ __all__ = [
     "ClusterError",
     "ClusterLayout",
     "ClusterNode",
+    "LinksStatus",
     "LocalCluster",
     "NodeStatus",
     "NodeStatusKind",

@@ -27,7 +27,7 @@ from codeclog.devtools.audit import AuditReport, audit
 from codeclog.devtools.cluster import LocalCluster
 from codeclog.devtools.fault_actions import FAULT_ACTIONS, FaultContext, with_nodes_up
 from codeclog.devtools.history import Topics as HistoryTopics
-from codeclog.devtools.history import check, read_history
+from codeclog.devtools.history import check, describe_logs, read_history
 from codeclog.devtools.links import LinkUsageError
 from codeclog.devtools.members import READY_LINE, Members, wait_group_drained
 from codeclog.devtools.network_faults import NETWORK_FAULT_ACTIONS, faketime_env
@@ -49,6 +49,7 @@ SESSIONS_PER_ROUND = 3
 ROUND_S = 8.0
 TALKER_CLOSE_S = 240.0  # the talker's delivery timeout too: it rides out every fault
 PARTITIONS = 4
+CHECKER_FAILED = "checker_failed"  # the history checker raised: the row fails, the matrix goes on
 
 
 @dataclasses.dataclass
@@ -73,6 +74,7 @@ class FaultRow:
     member_exits: list[str]
     anomalies: dict[str, int] = dataclasses.field(default_factory=dict)  # history, by kind
     examples: list[str] = dataclasses.field(default_factory=list)  # a few of them, spelled out
+    history_logs: str = ""  # which node's log gave each partition's fates, and if complete
     recovery_s: float = float("nan")  # the fault's end -> the next window visible
     error: str = ""
 
@@ -104,6 +106,7 @@ class FaultRow:
             "lost": self.lost,
             "duplicated": self.duplicates,
             "anomalies": self.anomalies,
+            "history_logs": self.history_logs,
             "gap_s": self.gap_during_s,
             "recovery_s": self.recovery_s,
             "result": "ok" if self.ok else f"FAILED {self.error}".strip(),
@@ -217,7 +220,7 @@ def run_fault(
     probe.stop()
     report = verify(client, topics, engine)
     checked: AuditReport = audit(client, topics.audio, topics.dlq)
-    history = _history(ctx)
+    history, history_logs = _history(ctx)
     matches = (
         len(checked.windows) == report.expected_windows
         and not report.missing
@@ -249,20 +252,27 @@ def run_fault(
         member_exits=list(dict.fromkeys(crashed + members.exits)),
         anomalies={kind: len(items) for kind, items in history.items()},
         examples=[item for items in history.values() for item in items[:2]],
+        history_logs=history_logs,
         recovery_s=_recovery(seen, fault_end),
         error=error,
     )
 
 
-def _history(ctx: FaultContext) -> dict[str, list[str]]:
+def _history(ctx: FaultContext) -> tuple[dict[str, list[str]], str]:
     """The independent history check (codeclog.devtools.history) of the run, with the fate of
-    every transactional batch read from node 1's log segments (replicas hold the same log)."""
+    every transactional batch read from its partition leader's log segments, and the line
+    saying which logs those were. It never stops the matrix: a checker that fails is a finding
+    of its own kind (CHECKER_FAILED) in this fault's row."""
     t = ctx.topics
-    node_dir = ctx.cluster.data_dir / "node-1" / "kafka"
-    found = read_history(
-        ctx.client, HistoryTopics(t.chunks, t.audio, t.dlq, t.progress), ctx.group, node_dir
-    )
-    return check(found)
+    try:
+        nodes = ctx.cluster.layout().node_ids
+        log_dirs = {node: ctx.cluster.node(node).log_dirs for node in nodes}
+        found = read_history(
+            ctx.client, HistoryTopics(t.chunks, t.audio, t.dlq, t.progress), ctx.group, log_dirs
+        )
+        return check(found), describe_logs(found.logs)
+    except Exception as exc:
+        return {CHECKER_FAILED: [f"{type(exc).__name__}: {exc}"]}, "not read: the checker failed"
 
 
 def _recovery(seen: list[float], fault_end: float) -> float:

@@ -3,8 +3,12 @@
 Like codeclog.devtools.audit it uses none of the pipeline's code: the .avsc files, confluent-kafka
 and fastavro (through the audit's decoder), and Kafka's record-batch format v2 read straight from
 a local cluster's log segments. It reads the chunk topic, the audio and dead-letter topics both
-read_committed and read_uncommitted, the group's committed offsets, and, given a node's data dir,
-every transactional batch's fate (the COMMIT or ABORT marker that ended it). It reports:
+read_committed and read_uncommitted, the group's committed offsets, and, given the nodes' log
+dirs, every transactional batch's fate (the COMMIT or ABORT marker that ended it) from the log of
+each partition's leader, once that log holds the partition's high watermark (asked of the leader
+after the records were read): a follower that was down may lack a marker the leader has, and
+its log would make a committed transaction look open. `History.logs` says which node's log was
+read for each partition and where it ended. It reports:
 
 - lost: a chunk with codec ids below the group's committed offset that no committed window lists
   among its chunk_seqs and no committed dead letter accounts for (its own, or one that ended its
@@ -18,18 +22,24 @@ every transactional batch's fate (the COMMIT or ABORT marker that ended it). It 
   its open stream emitted n windows, but the committed windows of that epoch are not 0..n-1
   (audio without its checkpoint, or a checkpoint without its audio);
 - out_of_order: a stream's committed windows whose log order, or sample offsets, disagree with
-  their window indices.
+  their window indices;
+- undecodable: a record the .avsc files cannot decode (topic, partition, offset, why): any
+  output record, or a chunk no committed dead letter accounts for (a chunk the pipeline
+  dead-lettered is its refusal, not an anomaly);
+- incomplete_log: a partition whose log, read to its end, stops below the high watermark (or
+  no leader's log could be read): the fates past its end are unknown, and none is guessed.
 
 `check(history)` is a pure function of a History (unit-tested on hand-made ones);
-`read_history` fills one from a cluster.
+`read_history` fills one from a cluster; it never raises on a record it cannot decode.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import struct
+import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +47,15 @@ from confluent_kafka import Consumer, TopicPartition
 
 from codeclog.devtools.audit import decode, read_records, shipped_schemas
 
-KINDS = ("lost", "duplicated", "aborted_read", "torn", "out_of_order")
+KINDS = (
+    "lost",
+    "duplicated",
+    "aborted_read",
+    "torn",
+    "out_of_order",
+    "undecodable",
+    "incomplete_log",
+)
 ENDED_EPOCH = ("evicted", "aborted", "vocoder_failed")  # dead letters that end a stream
 COMMIT, ABORT, OPEN = "commit", "abort", "open"
 
@@ -65,11 +83,69 @@ class Output:
     fate: str = ""  # from the log: commit, abort, open; "" unknown (no data dir given)
 
 
+@dataclasses.dataclass(frozen=True)
+class Undecodable:
+    """A record the .avsc files cannot decode."""
+
+    topic: str
+    partition: int
+    offset: int
+    kind: str  # "chunk", or the output kind its topic holds ("window", "letter", "checkpoint")
+    reason: str  # the decoder's error
+    committed: bool  # a read_committed reader returned it
+
+    def describe(self) -> str:
+        seen = "" if self.committed else " (aborted: no read_committed reader returns it)"
+        return f"{self.topic}[{self.partition}]@{self.offset}: cannot decode ({self.reason}){seen}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LogRead:
+    """Where the fates of one partition came from: `node`'s replica (-1: none could be read),
+    read up to `end` (the offset after its last whole batch), against the partition's high
+    watermark as its leader reported it (-1: no leader answered)."""
+
+    topic: str
+    partition: int
+    node: int
+    end: int
+    high_watermark: int
+
+    @property
+    def complete(self) -> bool:
+        return self.node >= 0 and 0 <= self.high_watermark <= self.end
+
+    def describe(self) -> str:
+        where = f"{self.topic}[{self.partition}]"
+        if self.node < 0 or self.high_watermark < 0:
+            return f"{where}: no leader's log could be read"
+        if self.complete:
+            hw = self.high_watermark
+            return f"{where} from node {self.node}, complete to its high watermark {hw}"
+        return (
+            f"{where}: node {self.node}'s log ends at offset {self.end}, below the high watermark "
+            f"{self.high_watermark}"
+        )
+
+
 @dataclasses.dataclass
 class History:
     chunks: list[Chunk]
     outputs: list[Output]
     committed_offsets: dict[int, int]  # chunk partition -> the group's committed offset
+    undecodable: list[Undecodable] = dataclasses.field(default_factory=list)
+    logs: list[LogRead] = dataclasses.field(default_factory=list)  # where the fates came from
+
+
+def describe_logs(logs: Iterable[LogRead]) -> str:
+    """One line: which node's log gave each partition's fates, and whether it was complete."""
+    logs = list(logs)
+    if not logs:
+        return "no log read: fates unknown"
+    if all(log.complete for log in logs):
+        reads = ", ".join(f"{log.topic}[{log.partition}] node {log.node}" for log in logs)
+        return f"fates from the leaders' logs, each complete to its high watermark: {reads}"
+    return "; ".join(log.describe() for log in logs)
 
 
 Anomalies = dict[str, list[str]]
@@ -89,6 +165,23 @@ def check(history: History) -> Anomalies:
     ]
     found["torn"] += _torn(windows, [o for o in committed if o.kind == "checkpoint"])
     found["out_of_order"] += _out_of_order(windows)
+    found["undecodable"] += _undecodable(history, [o for o in committed if o.kind == "letter"])
+    found["incomplete_log"] += [log.describe() for log in history.logs if not log.complete]
+    return found
+
+
+def _undecodable(history: History, letters: list[Output]) -> list[str]:
+    """Every undecodable output record, and every undecodable chunk that no committed dead
+    letter accounts for (one that does is the pipeline's refusal of it, as it should be)."""
+    refused = _refused(letters)
+    found = []
+    for u in history.undecodable:
+        if u.kind == "chunk":
+            if (u.partition, u.offset) in refused:
+                continue
+            found.append(f"{u.describe()}, and no dead letter accounts for it")
+        else:
+            found.append(u.describe())
     return found
 
 
@@ -106,9 +199,14 @@ def _duplicated(windows: list[Output]) -> list[str]:
     ]
 
 
+def _refused(letters: list[Output]) -> set[tuple[int, int]]:
+    """(partition, offset) of every chunk a committed dead letter refused."""
+    return {(int(o.fields["source_partition"]), int(o.fields["source_offset"])) for o in letters}
+
+
 def _lost(history: History, windows: list[Output], letters: list[Output]) -> list[str]:
     decoded = {(*_stream(o), int(s)) for o in windows for s in o.fields.get("chunk_seqs", [])}
-    refused = {(int(o.fields["source_partition"]), int(o.fields["source_offset"])) for o in letters}
+    refused = _refused(letters)
     ended = {
         (str(o.fields.get("request_id") or ""), int(o.fields.get("cache_epoch") or 0))
         for o in letters
@@ -181,31 +279,89 @@ class Topics:
     progress: str
 
 
+LOG_WAIT_S = 30.0  # how long a partition's log may take to reach its high watermark
+Records = list[tuple[int, int, bytes]]  # (partition, offset, value)
+Locate = Callable[[str, int], tuple[int, int]]  # (topic, partition) -> (leader, high watermark)
+
+
 def read_history(
-    client: dict[str, str], topics: Topics, group: str, node_dir: Path | None = None
+    client: dict[str, str],
+    topics: Topics,
+    group: str,
+    log_dirs: Mapping[int, Path] | None = None,
+    wait_s: float = LOG_WAIT_S,
 ) -> History:
-    """The history of one run; with a node's data dir (<cluster>/node-N/kafka), the fate of
-    every transactional batch of the output topics (replicas hold the same log)."""
+    """The history of one run; with the nodes' log dirs (node id -> <cluster>/node-N/kafka),
+    the fate of every transactional batch of the output topics, from each partition's leader's
+    log once it holds the high watermark (read after the records, so every marker a
+    read_committed reader relied on lies below it)."""
     schemas = shipped_schemas()
-    chunks = [
-        Chunk(p, off, f["request_id"], f["cache_epoch"], f["chunk_seq"], _frames(f))
-        for p, off, name, f in _decoded(client, topics.chunks, "read_committed", schemas)
-        if name.startswith("codec_chunk")
-    ]
-    fates = _fates(node_dir, (topics.audio, topics.dlq, topics.progress)) if node_dir else {}
-    outputs = []
-    for topic, kind in (
-        (topics.audio, "window"),
-        (topics.dlq, "letter"),
-        (topics.progress, "checkpoint"),
-    ):
-        committed = {
-            (p, off) for p, off, _, _ in _decoded(client, topic, "read_committed", schemas)
-        }
-        for p, off, _, fields in _decoded(client, topic, "read_uncommitted", schemas):
-            fate = fates.get((topic, p), {}).get(off, "") if node_dir else ""
-            outputs.append(Output(topic, p, off, kind, fields, (p, off) in committed, fate))
-    return History(chunks, outputs, _committed_offsets(client, topics.chunks, group))
+    chunks, undecodable = decode_chunks(
+        topics.chunks, read_records(client, topics.chunks, "read_committed"), schemas
+    )
+    kinds = ((topics.audio, "window"), (topics.dlq, "letter"), (topics.progress, "checkpoint"))
+    read = {
+        topic: (
+            read_records(client, topic, "read_uncommitted"),
+            {(p, off) for p, off, _ in read_records(client, topic, "read_committed")},
+        )
+        for topic, _kind in kinds
+    }
+    logs: list[LogRead] = []
+    fates_by: dict[tuple[str, int], dict[int, str]] = {}
+    if log_dirs is not None:
+        with Locator(client) as locate:
+            for topic, _kind in kinds:
+                for partition in sorted({p for p, _, _ in read[topic][0]}):
+                    log, found = read_log(log_dirs, topic, partition, locate, wait_s)
+                    logs.append(log)
+                    fates_by[(topic, partition)] = found
+    outputs: list[Output] = []
+    for topic, kind in kinds:
+        found_outputs, bad = decode_outputs(topic, kind, *read[topic], schemas, fates_by)
+        outputs += found_outputs
+        undecodable += bad
+    committed_offsets = _committed_offsets(client, topics.chunks, group)
+    return History(chunks, outputs, committed_offsets, undecodable, logs)
+
+
+def decode_chunks(
+    topic: str, records: Records, schemas: Any
+) -> tuple[list[Chunk], list[Undecodable]]:
+    """The codec chunks of the chunk topic's records (read_committed), and what would not
+    decode."""
+    chunks, bad = [], []
+    for p, off, value in records:
+        decoded = _decode(value, schemas)
+        if isinstance(decoded, str):
+            bad.append(Undecodable(topic, p, off, "chunk", decoded, True))
+        elif decoded[0].startswith("codec_chunk"):
+            f = decoded[1]
+            chunks.append(
+                Chunk(p, off, f["request_id"], f["cache_epoch"], f["chunk_seq"], _frames(f))
+            )
+    return chunks, bad
+
+
+def decode_outputs(
+    topic: str,
+    kind: str,
+    uncommitted: Records,
+    committed: set[tuple[int, int]],
+    schemas: Any,
+    fates_by: Mapping[tuple[str, int], Mapping[int, str]],
+) -> tuple[list[Output], list[Undecodable]]:
+    """The records of an output topic as read_uncommitted returned them, each marked with
+    whether read_committed returned it too and its fate from the log ("" unknown)."""
+    outputs, bad = [], []
+    for p, off, value in uncommitted:
+        decoded = _decode(value, schemas)
+        if isinstance(decoded, str):
+            bad.append(Undecodable(topic, p, off, kind, decoded, (p, off) in committed))
+            continue
+        fate = fates_by.get((topic, p), {}).get(off, "")
+        outputs.append(Output(topic, p, off, kind, decoded[1], (p, off) in committed, fate))
+    return outputs, bad
 
 
 def _frames(fields: dict[str, Any]) -> int:
@@ -213,15 +369,13 @@ def _frames(fields: dict[str, Any]) -> int:
     return len(fields.get("codes") or ()) if numel is None else int(numel)
 
 
-def _decoded(
-    client: dict[str, str], topic: str, isolation: str, schemas: Any
-) -> Iterator[tuple[int, int, str, dict[str, Any]]]:
-    for partition, offset, value in read_records(client, topic, isolation):
-        try:
-            name, fields = decode(value, schemas)
-        except ValueError:
-            continue
-        yield partition, offset, name, fields
+def _decode(value: bytes, schemas: Any) -> tuple[str, dict[str, Any]] | str:
+    """(record type, fields), or why the value cannot be decoded: a truncated value makes
+    fastavro raise EOFError, a damaged one anything from ValueError to UnicodeDecodeError."""
+    try:
+        return decode(value, schemas)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:200]
 
 
 def _committed_offsets(client: dict[str, str], topic: str, group: str) -> dict[int, int]:
@@ -313,13 +467,78 @@ def _offsets(batch: Batch) -> range:
     return range(batch.base_offset, batch.last_offset + 1)
 
 
-def _fates(node_dir: Path, topics: Iterable[str]) -> dict[tuple[str, int], dict[int, str]]:
-    found: dict[tuple[str, int], dict[int, str]] = {}
-    for topic in topics:
-        for folder in sorted(node_dir.glob(f"{topic}-*")):
-            partition = int(folder.name.rsplit("-", 1)[1])
-            segments = (
-                batch for log in sorted(folder.glob("*.log")) for batch in batches(log.read_bytes())
-            )
-            found[(topic, partition)] = fates(segments)
+def partition_batches(log_dir: Path, topic: str, partition: int) -> list[Batch]:
+    """Every whole batch of one partition's replica in a node's log dir, segment by segment
+    (nothing when the node holds no replica of it)."""
+    folder = log_dir / f"{topic}-{partition}"
+    found: list[Batch] = []
+    for segment in sorted(folder.glob("*.log")):  # 20-digit base offsets: sorted by name
+        try:
+            found += batches(segment.read_bytes())
+        except OSError:  # a segment deleted (rolled, cleaned) while we read
+            continue
     return found
+
+
+def read_log(
+    log_dirs: Mapping[int, Path],
+    topic: str,
+    partition: int,
+    locate: Locate,
+    wait_s: float = LOG_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[LogRead, dict[int, str]]:
+    """The fates of one partition from its leader's log, read again until that log holds the
+    high watermark (the leader's write may be under way), for at most `wait_s`. An incomplete
+    read keeps only the fates it saw decided: a batch whose marker lies past the end read is
+    unknown, not open."""
+    deadline = clock() + wait_s
+    while True:
+        try:
+            leader, high_watermark = locate(topic, partition)
+        except Exception:  # no leader now (an election): try again
+            leader, high_watermark = -1, -1
+        if leader in log_dirs:
+            read = partition_batches(log_dirs[leader], topic, partition)
+            end = read[-1].last_offset + 1 if read else 0
+            log = LogRead(topic, partition, leader, end, high_watermark)
+        else:
+            read, log = [], LogRead(topic, partition, -1, 0, high_watermark)
+        if log.complete or clock() >= deadline:
+            break
+        sleep(0.5)
+    found = fates(read)
+    if not log.complete:
+        found = {offset: fate for offset, fate in found.items() if fate != OPEN}
+    return log, found
+
+
+class Locator:
+    """Each partition's leader and high watermark (read_uncommitted: the high watermark, not
+    the last stable offset), as the cluster's metadata and the leader report them."""
+
+    def __init__(self, client: dict[str, str]) -> None:
+        self._consumer = Consumer(
+            {
+                **client,
+                "group.id": "codeclog-history",
+                "enable.auto.commit": False,
+                "isolation.level": "read_uncommitted",
+                "log_level": 2,
+            }
+        )
+
+    def __enter__(self) -> Locate:
+        return self.locate
+
+    def __exit__(self, *_exc: object) -> None:
+        self._consumer.close()
+
+    def locate(self, topic: str, partition: int) -> tuple[int, int]:
+        metadata = self._consumer.list_topics(topic, timeout=10)
+        leader = int(metadata.topics[topic].partitions[partition].leader)
+        _low, high = self._consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=10, cached=False
+        )
+        return leader, int(high)

@@ -17,7 +17,9 @@ going through them (a client that reached the real port would reconnect around t
 Cutting a link cuts what flows INTO the node on it; the node's own requests to the others go
 through their links. Faults (Toxiproxy toxics, both directions unless named): `latency` with
 jitter, `down` (a black hole: the connection stays open, nothing passes), `reset` (connections
-reset after a few ms), removed by `heal`.
+reset after a few ms), removed by `heal`. A fault is checked before Toxiproxy sees it (a
+latency Toxiproxy cannot honour is refused) and applied to all of a link's proxies or none:
+on a failure half-way the proxies get back the toxics they had.
 
 Toxiproxy (github.com/Shopify/toxiproxy, version TOXIPROXY_VERSION) is built by
 scripts/bootstrap.sh with `go install` into the cache; `find_server` finds it. The server runs
@@ -58,7 +60,13 @@ LISTENERS = {
     "CONTROLLER": "peers",
 }
 START_TIMEOUT_S = 10.0
+STOP_WAIT_S = 5.0
 API_TIMEOUT_S = 5.0
+# Toxiproxy turns milliseconds into a Go time.Duration (int64 nanoseconds): a latency plus its
+# jitter above this (about 292 years) wraps around. Toxiproxy accepts such a toxic all the same
+# (up to 2**63 - 1 ms) and delays by what is left: measured with 2.5.0, none at one ms past
+# this, none at 1e13 ms, and some (over 3 s) at 1e15 ms.
+MAX_LATENCY_MS = (2**63 - 1) // 1_000_000
 
 
 class LinkError(CodeclogError):
@@ -144,17 +152,54 @@ class Toxiproxy:
         return self.data_dir / STATE_FILE
 
     def running_pid(self) -> int | None:
+        """The server's pid while it runs and its API answers, else None."""
+        pid = self._server_pid()
+        return pid if pid is not None and tcp_accepts(self.api_port) else None
+
+    def _server_pid(self) -> int | None:
+        """The recorded pid while that process is this server (its command line names the API
+        port: a pid reused by another process is not ours to signal), else None."""
         try:
             pid = int(json.loads(self.state_path.read_text())["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return pid if pid_exists(pid) and tcp_accepts(self.api_port) else None
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)  # our own child that ended: reap it
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            if Path("/proc/self/cmdline").exists():
+                return None
+            return pid if pid_exists(pid) else None  # no procfs (macOS): the best check there
+        return pid if f"\0-port\0{self.api_port}\0".encode() in b"\0" + cmdline else None
 
-    def start(self, nodes: Iterable[NodeLinks]) -> None:
-        """Start the server if it is not running, then make every proxy (idempotent)."""
-        if self.running_pid() is None:
-            server = find_server()
-            log = (self.data_dir / "toxiproxy.log").open("ab")
+    def start(self, nodes: Iterable[NodeLinks]) -> bool:
+        """Start the server if it is not running, then make every proxy (idempotent). True when
+        this call started the server (a caller whose start fails later stops it again)."""
+        started = self.running_pid() is None
+        if started:
+            self._spawn()
+        try:
+            existing = self.api("GET", "/proxies")
+            for node in nodes:
+                for listener, (proxy_port, real_port) in node.ports.items():
+                    name = node.proxy(listener)
+                    if name not in existing:
+                        body = {
+                            "name": name,
+                            "listen": f"{HOST}:{proxy_port}",
+                            "upstream": f"{HOST}:{real_port}",
+                        }
+                        self.api("POST", "/proxies", body)
+        except BaseException:
+            if started:
+                self.stop()
+            raise
+        return started
+
+    def _spawn(self) -> None:
+        server = find_server()
+        with (self.data_dir / "toxiproxy.log").open("ab") as log:
             process = subprocess.Popen(
                 [str(server), "-host", HOST, "-port", str(self.api_port)],
                 stdin=subprocess.DEVNULL,
@@ -162,32 +207,30 @@ class Toxiproxy:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-            self.state_path.write_text(json.dumps({"pid": process.pid, "api": self.api_port}))
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while not tcp_accepts(self.api_port):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise LinkError(
-                        f"Toxiproxy did not start on {HOST}:{self.api_port}; see "
-                        f"{self.data_dir / 'toxiproxy.log'}"
-                    )
-                time.sleep(0.1)
-        existing = self.api("GET", "/proxies")
-        for node in nodes:
-            for listener, (proxy_port, real_port) in node.ports.items():
-                name = node.proxy(listener)
-                if name not in existing:
-                    body = {
-                        "name": name,
-                        "listen": f"{HOST}:{proxy_port}",
-                        "upstream": f"{HOST}:{real_port}",
-                    }
-                    self.api("POST", "/proxies", body)
+        self.state_path.write_text(json.dumps({"pid": process.pid, "api": self.api_port}))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not tcp_accepts(self.api_port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise LinkError(
+                    f"Toxiproxy did not start on {HOST}:{self.api_port}; see "
+                    f"{self.data_dir / 'toxiproxy.log'}"
+                )
+            time.sleep(0.1)
 
     def stop(self) -> None:
-        pid = self.running_pid()
+        """SIGTERM the server, SIGKILL it if it is still there after STOP_WAIT_S; wait until
+        it is gone."""
+        pid = self._server_pid()
         if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+            for signum, wait_s in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, STOP_WAIT_S)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+                deadline = time.monotonic() + wait_s
+                while self._server_pid() is not None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if self._server_pid() is None:
+                    break
         with contextlib.suppress(OSError):
             self.state_path.unlink()
 
@@ -207,7 +250,11 @@ class Toxiproxy:
             "stream": stream,
             "attributes": attributes,
         }
-        self.api("POST", f"/proxies/{proxy}/toxics", body)
+        self.add_toxic(proxy, body)
+
+    def add_toxic(self, proxy: str, toxic: Mapping[str, Any]) -> None:
+        """One toxic as Toxiproxy lists it (name, type, stream, toxicity, attributes)."""
+        self.api("POST", f"/proxies/{proxy}/toxics", dict(toxic))
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -218,13 +265,42 @@ class Toxiproxy:
             with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as response:
                 text = response.read().decode() or "null"
         except urllib.error.HTTPError as exc:
-            raise LinkError(f"Toxiproxy {method} {path}: {exc.code} {exc.read().decode()}") from exc
+            raise LinkError(
+                f"Toxiproxy refused {method} {path} ({exc.code}: {_reason(exc.read())})"
+            ) from exc
         except (urllib.error.URLError, OSError) as exc:
             raise LinkError(
                 f"Toxiproxy does not answer on {HOST}:{self.api_port} ({exc}): is the cluster "
                 "started (`codeclog broker start`)?"
             ) from exc
         return json.loads(text)
+
+    def problems(self, names: Iterable[str]) -> list[str]:
+        """Why clients cannot reach the nodes through the proxies `names`: Toxiproxy not
+        running, or proxies missing or disabled ([] when every one is there)."""
+        pid = self.running_pid()
+        if pid is None:
+            return [f"Toxiproxy is not running (its API {HOST}:{self.api_port} does not answer)"]
+        try:
+            existing: dict[str, Any] = self.api("GET", "/proxies")
+        except LinkError as exc:
+            return [str(exc)]
+        missing = [name for name in names if name not in existing]
+        disabled = [
+            name for name in names if name in existing and not existing[name].get("enabled", True)
+        ]
+        found = [f"Toxiproxy (pid {pid}) lacks the proxies {', '.join(missing)}"] if missing else []
+        if disabled:
+            found.append(f"Toxiproxy (pid {pid}) has the proxies {', '.join(disabled)} disabled")
+        return found
+
+
+def _reason(body: bytes) -> str:
+    """Toxiproxy's error body ({"error": ..., "status": ...}) as its sentence."""
+    text = body.decode("utf-8", "replace").strip()
+    with contextlib.suppress(ValueError, AttributeError):
+        return str(json.loads(text)["error"])
+    return text or "no reason given"
 
 
 # ----------------------------------------------------------------------------- faults
@@ -237,6 +313,18 @@ class Fault:
     kind: str | None  # "latency", "down", "reset"; None: heal
     latency_ms: int = 0
     jitter_ms: int = 0
+
+    def check(self) -> None:
+        """LinkUsageError (exit 2) for values Toxiproxy cannot honour: negative, or a latency
+        plus jitter past MAX_LATENCY_MS."""
+        if self.latency_ms < 0 or self.jitter_ms < 0:
+            raise LinkUsageError("--latency-ms and --jitter-ms must be >= 0")
+        if self.latency_ms + self.jitter_ms > MAX_LATENCY_MS:
+            raise LinkUsageError(
+                f"--latency-ms plus --jitter-ms must be at most {MAX_LATENCY_MS} ms (Toxiproxy "
+                "counts a delay in 64-bit nanoseconds), not "
+                f"{self.latency_ms + self.jitter_ms}"
+            )
 
     def describe(self) -> str:
         if self.kind is None:
@@ -267,15 +355,42 @@ def describe_toxic(toxic: Mapping[str, Any]) -> str:
 
 
 def apply(toxiproxy: Toxiproxy, proxies: Iterable[str], fault: Fault) -> None:
-    """Replace whatever the proxies do with `fault` (heal: nothing)."""
-    for proxy in proxies:
-        toxiproxy.heal(proxy)
-        if fault.kind == "latency":
-            attributes = {"latency": fault.latency_ms, "jitter": fault.jitter_ms}
-            for stream in ("upstream", "downstream"):
-                toxiproxy.add(proxy, "latency", attributes, stream)
-        elif fault.kind == "down":  # timeout 0: nothing passes, the connection stays open
-            for stream in ("upstream", "downstream"):
-                toxiproxy.add(proxy, "timeout", {"timeout": 0}, stream)
-        elif fault.kind == "reset":  # reset_peer: each connection reset after a few ms
-            toxiproxy.add(proxy, "reset_peer", {"timeout": 10}, "upstream")
+    """Replace whatever the proxies do with `fault` (heal: nothing), on all of them or none:
+    the fault is checked first, every proxy's toxics are read before any changes (a missing
+    proxy fails here), and a failure half-way puts back the toxics each proxy had."""
+    fault.check()
+    unchanged = "nothing changed: the link keeps the faults it had"
+    try:
+        before = {proxy: toxiproxy.toxics(proxy) for proxy in proxies}
+    except LinkError as exc:
+        raise LinkError(f"{exc}; {unchanged}") from exc
+    try:
+        for proxy in before:
+            _replace(toxiproxy, proxy, fault)
+    except LinkError as exc:
+        try:
+            for proxy, toxics in before.items():
+                _restore(toxiproxy, proxy, toxics)
+        except LinkError as again:
+            raise LinkError(f"{exc}; putting back the faults it had failed too: {again}") from exc
+        raise LinkError(f"{exc}; {unchanged}") from exc
+
+
+def _replace(toxiproxy: Toxiproxy, proxy: str, fault: Fault) -> None:
+    toxiproxy.heal(proxy)
+    if fault.kind == "latency":
+        attributes = {"latency": fault.latency_ms, "jitter": fault.jitter_ms}
+        for stream in ("upstream", "downstream"):
+            toxiproxy.add(proxy, "latency", attributes, stream)
+    elif fault.kind == "down":  # timeout 0: nothing passes, the connection stays open
+        for stream in ("upstream", "downstream"):
+            toxiproxy.add(proxy, "timeout", {"timeout": 0}, stream)
+    elif fault.kind == "reset":  # reset_peer: each connection reset after a few ms
+        toxiproxy.add(proxy, "reset_peer", {"timeout": 10}, "upstream")
+
+
+def _restore(toxiproxy: Toxiproxy, proxy: str, toxics: list[dict[str, Any]]) -> None:
+    """The proxy's toxics exactly as `toxics` (what Toxiproxy listed) says."""
+    toxiproxy.heal(proxy)
+    for toxic in toxics:
+        toxiproxy.add_toxic(proxy, toxic)

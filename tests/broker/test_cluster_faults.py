@@ -10,12 +10,15 @@ the chunk topic holds exactly the records published (no loss, no producer duplic
 `verify` finds every expected audio window exactly once and byte-identical. Then the reduced
 fault matrix (codeclog.devtools.faults, which `python -m bench.faults` runs whole): two
 `codeclog vocode` members and a realtime talker through a member SIGKILLed during a leader
-failover.
+failover. Last, the tools themselves: `broker status` with Toxiproxy killed, and the history
+checker reading a complete log while node 1 is down.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 import threading
 import time
@@ -25,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.devtools.broker import BrokerSettings
 from codeclog.devtools.cluster import LocalCluster, NodeStatusKind
@@ -220,3 +223,65 @@ def test_fault_matrix_loses_and_duplicates_nothing(
     assert row.dead_letters == 0, row
     assert not any(row.anomalies.values()), (row.anomalies, row.examples)
     assert row.what != "(not injected)", row
+
+
+def test_status_calls_a_cluster_behind_a_dead_toxiproxy_unreachable(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from codeclog.cli import main
+
+    where = ["broker", "status", "--data-dir", str(cluster.data_dir)]
+    pid = cluster.toxiproxy().running_pid()
+    assert pid is not None and main(where) == 0
+    capsys.readouterr()
+    try:
+        os.kill(pid, signal.SIGKILL)
+        _wait(lambda: cluster.toxiproxy().running_pid() is None, 10, "Toxiproxy gone")
+        code, out = main(where), capsys.readouterr().out
+        assert code == 1 and "UNREACHABLE: Toxiproxy is not running" in out, out
+        nodes = [line.split()[1] for line in out.splitlines() if line[:1].isdigit()]
+        assert nodes == ["running"] * 3  # the nodes themselves still run
+    finally:
+        cluster.start()  # Toxiproxy and its proxies back
+    assert main(where) == 0
+
+
+def test_the_history_checker_reads_a_complete_log_while_node_1_is_down(
+    cluster: LocalCluster, unique_name: Callable[[str], str]
+) -> None:
+    """A transaction whose data reached node 1 and whose COMMIT did not (node 1 killed
+    between the two): node 1's log says open, the leader's says committed; the checker reads
+    the leader's, complete to the high watermark."""
+    from codeclog.devtools.fault_actions import leader_of, transaction_state_partition
+    from codeclog.devtools.history import COMMIT, OPEN, Locator, fates, partition_batches, read_log
+
+    client = {"bootstrap.servers": cluster.bootstrap}
+    topic = unique_name("h.audio")
+    admin = AdminClient({**client, "log_level": "2"})
+    admin.create_topics([NewTopic(topic, 1, replica_assignment=[[2, 3, 1]])])[topic].result(30)
+    _wait(lambda: _leader(client, topic, 0) == 2, 30, "node 2 leading the new partition")
+    warm = Producer({**client, "transactional.id": unique_name("warm"), "log_level": 2})
+    warm.init_transactions(60)  # the transaction state topic exists from here on
+    tid = next(
+        t
+        for t in (unique_name("txn") for _ in range(50))
+        if leader_of(client, "__transaction_state", transaction_state_partition(t)) != 1
+    )  # a coordinator that stays up
+    producer = Producer({**client, "transactional.id": tid, "log_level": 2})
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    for value in (b"a", b"b", b"c"):
+        producer.produce(topic, value, partition=0)
+    assert producer.flush(30) == 0  # acks=all: on every replica, node 1's included
+    log_dirs = {n: cluster.node(n).log_dirs for n in cluster.layout().node_ids}
+    try:
+        cluster.kill(1)
+        producer.commit_transaction(120)  # once node 1 has left the ISR
+        assert fates(partition_batches(log_dirs[1], topic, 0)) == {0: OPEN, 1: OPEN, 2: OPEN}
+        with Locator(client) as locate:
+            log, found = read_log(log_dirs, topic, 0, locate)
+        assert log.node == 2 and log.complete and log.high_watermark == 4, log
+        assert found == {0: COMMIT, 1: COMMIT, 2: COMMIT}
+    finally:
+        cluster.start()  # node 1 back for whatever runs next
+        admin.delete_topics([topic])

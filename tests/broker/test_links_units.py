@@ -1,6 +1,7 @@
 """A faultable cluster without starting one: its layout and properties (every listener on its
 real port, every address advertised at its proxy), the faults as Toxiproxy toxics, and the
-`broker net` / `broker start --faultable` refusals (one line, exit 2)."""
+`broker net` / `broker start --faultable` refusals (one line, exit 2). What a real Toxiproxy
+does with them: test_links_toxiproxy.py."""
 
 from __future__ import annotations
 
@@ -10,12 +11,20 @@ from typing import Any
 import pytest
 
 from codeclog.cli import main
-from codeclog.devtools.cluster import ClusterLayout, LocalCluster, render_cluster_properties
+from codeclog.cli.commands.broker import format_links_status
+from codeclog.devtools.cluster import (
+    ClusterLayout,
+    LinksStatus,
+    LocalCluster,
+    render_cluster_properties,
+)
 from codeclog.devtools.links import (
     DOWN,
     HEAL,
     LISTENERS,
+    MAX_LATENCY_MS,
     RESET,
+    LinkError,
     LinkUsageError,
     apply,
     describe_toxic,
@@ -57,15 +66,28 @@ def test_a_plain_cluster_has_no_links() -> None:
 
 
 class _Recorded:
-    def __init__(self) -> None:
-        self.toxics: dict[str, list[dict[str, Any]]] = {}
+    """What `apply` asks of Toxiproxy, kept in a dict; `fail_on` POST number N fails (1-based)
+    as Toxiproxy's refusals do (LinkError)."""
+
+    def __init__(self, fail_on: int = 0) -> None:
+        self.by_proxy: dict[str, list[dict[str, Any]]] = {}
+        self.posts, self.fail_on = 0, fail_on
+
+    def toxics(self, proxy: str) -> list[dict[str, Any]]:
+        return list(self.by_proxy.get(proxy, []))
 
     def heal(self, proxy: str) -> None:
-        self.toxics[proxy] = []
+        self.by_proxy[proxy] = []
 
     def add(self, proxy: str, kind: str, attributes: dict[str, int], stream: str) -> None:
-        toxic = {"type": kind, "stream": stream, "attributes": attributes}
-        self.toxics.setdefault(proxy, []).append(toxic)
+        self.add_toxic(proxy, {"name": f"{kind}-{stream}", "type": kind, "stream": stream,
+                               "attributes": attributes})  # fmt: skip
+
+    def add_toxic(self, proxy: str, toxic: dict[str, Any]) -> None:
+        self.posts += 1
+        if self.posts == self.fail_on:
+            raise LinkError(f"Toxiproxy refused POST /proxies/{proxy}/toxics (400: bad body)")
+        self.by_proxy.setdefault(proxy, []).append(toxic)
 
 
 @pytest.mark.parametrize(
@@ -83,9 +105,30 @@ def test_each_fault_is_its_toxics_and_replaces_the_last(
     toxiproxy = _Recorded()
     apply(toxiproxy, ["n1-clients"], DOWN)  # type: ignore[arg-type]
     apply(toxiproxy, ["n1-clients"], fault)  # type: ignore[arg-type]
-    toxics = toxiproxy.toxics["n1-clients"]
+    toxics = toxiproxy.toxics("n1-clients")
     assert [t["type"] for t in toxics] == kinds
     assert {describe_toxic(t) for t in toxics} == ({shown} if shown else set())
+
+
+@pytest.mark.parametrize("fail_on", [5, 6, 7, 8])  # 4 posts make the down; then the latency's
+def test_a_fault_that_fails_half_way_puts_back_what_every_proxy_had(fail_on: int) -> None:
+    toxiproxy = _Recorded(fail_on)
+    proxies = ["n1-replication", "n1-controller"]  # the peers link: two proxies
+    apply(toxiproxy, proxies, DOWN)  # type: ignore[arg-type]
+    before = {proxy: toxiproxy.toxics(proxy) for proxy in proxies}
+    with pytest.raises(LinkError, match="nothing changed: the link keeps the faults it had"):
+        apply(toxiproxy, proxies, latency(100))  # type: ignore[arg-type]
+    assert {proxy: toxiproxy.toxics(proxy) for proxy in proxies} == before
+
+
+def test_a_latency_toxiproxy_cannot_honour_is_refused_before_it_is_asked() -> None:
+    toxiproxy = _Recorded()
+    apply(toxiproxy, ["n1-clients"], DOWN)  # type: ignore[arg-type]
+    for fault in (latency(MAX_LATENCY_MS + 1), latency(MAX_LATENCY_MS, 1), latency(10**19)):
+        with pytest.raises(LinkUsageError, match=f"at most {MAX_LATENCY_MS} ms"):
+            apply(toxiproxy, ["n1-clients"], fault)  # type: ignore[arg-type]
+    assert [t["type"] for t in toxiproxy.toxics("n1-clients")] == ["timeout", "timeout"]
+    apply(toxiproxy, ["n1-clients"], latency(MAX_LATENCY_MS - 5, 5))  # type: ignore[arg-type]
 
 
 def _write_cluster(folder: Path, faultable: bool) -> None:
@@ -112,6 +155,13 @@ def test_net_refuses_what_it_cannot_do_in_one_line(
         (["--data-dir", str(tmp_path / "none")], "holds no local cluster"),
         (["--node", "1", "--link", "talker", "--jitter-ms", "5", "--data-dir", str(faultable)],
          "--jitter-ms goes with --latency-ms"),
+        # Toxiproxy accepts these and delays nothing (its delay is int64 nanoseconds)
+        (["--node", "1", "--link", "talker", "--latency-ms", str(MAX_LATENCY_MS + 1),
+          "--data-dir", str(faultable)], f"at most {MAX_LATENCY_MS} ms"),
+        (["--node", "1", "--link", "talker", "--latency-ms", "10000000000000000000",
+          "--data-dir", str(faultable)], f"at most {MAX_LATENCY_MS} ms"),
+        (["--node", "1", "--link", "talker", "--latency-ms", str(MAX_LATENCY_MS),
+          "--jitter-ms", "1", "--data-dir", str(faultable)], f"at most {MAX_LATENCY_MS} ms"),
     ]  # fmt: skip
     for args, words in cases:
         code, err = _net(capsys, *args)
@@ -134,6 +184,36 @@ def test_without_toxiproxy_a_faultable_start_is_one_line_and_exit_2(
     )
     err = capsys.readouterr().err
     assert code == 2 and "Toxiproxy" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("nodes", [[], ["--nodes", "1"]])
+def test_faultable_without_a_cluster_is_refused_in_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    nodes: list[str],
+) -> None:
+    # a missing java: were the refusal missing, the plain broker it starts fails fast
+    monkeypatch.setenv("CODECLOG_JAVA", str(tmp_path / "no-java"))
+    data_dir = tmp_path / "b"
+    code = main(["broker", "start", "--faultable", *nodes, "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--faultable needs a cluster" in err and err.count("\n") == 1, err
+    assert not data_dir.exists()  # nothing written, nothing started
+
+
+def test_the_links_line_of_status() -> None:
+    alive = LinksStatus(41, "127.0.0.1:9", ())
+    dead = LinksStatus(None, "127.0.0.1:9", ("Toxiproxy is not running (...)",))
+    assert format_links_status(alive, stopped=False) == (
+        "through Toxiproxy (pid 41, API 127.0.0.1:9), every proxy in place",
+        True,
+    )
+    line, ok = format_links_status(dead, stopped=False)
+    assert not ok and line.startswith("UNREACHABLE: Toxiproxy is not running")
+    assert format_links_status(dead, stopped=True) == ("stopped (Toxiproxy not running)", True)
+    line, ok = format_links_status(alive, stopped=True)
+    assert not ok and "still runs though every node is stopped" in line
 
 
 def test_a_faultable_cluster_is_plaintext_only_and_a_plain_one_stays_plain(

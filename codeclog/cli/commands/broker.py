@@ -11,12 +11,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from codeclog.cli.parsing import add_flag
-from codeclog.devtools.broker import BrokerSettings, BrokerStatus, BrokerStatusKind, LocalBroker
+from codeclog.devtools.broker import (
+    BROKER_START_TIMEOUT_S,
+    BrokerSettings,
+    BrokerStatus,
+    BrokerStatusKind,
+    LocalBroker,
+)
 from codeclog.devtools.cluster import (
+    CLUSTER_START_TIMEOUT_S,
     NODE_HEAP_MAX_MB,
     NODE_HEAP_MIN_MB,
     NODE_RSS_NOTE,
     ClusterError,
+    LinksStatus,
     LocalCluster,
     NodeStatus,
     NodeStatusKind,
@@ -26,6 +34,7 @@ from codeclog.devtools.links import (
     DOWN,
     HEAL,
     LINKS,
+    MAX_LATENCY_MS,
     RESET,
     Fault,
     LinkUsageError,
@@ -91,7 +100,9 @@ environment:
 
 status exit codes: 0 running, 3 stopped, 1 crashed (its state file names a dead pid).
 For a cluster: 0 every node running, 3 every node stopped, 1 otherwise (a node crashed,
-was killed, is paused or stopped).
+was killed, is paused or stopped). A faultable cluster's status also checks Toxiproxy and its
+proxies (`links:`): running nodes behind a dead Toxiproxy or a missing proxy are unreachable,
+exit 1, as is a Toxiproxy left running with every node stopped.
 """
 
 
@@ -159,14 +170,17 @@ def _add_start_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout-s",
         type=float,
-        default=60.0,
-        help="give up if the broker is not serving requests after this long (default 60)",
+        default=None,
+        help=f"give up if the broker (every node of a cluster) is not serving requests after "
+        f"this long, and stop what this start began (default {BROKER_START_TIMEOUT_S:.0f}; "
+        f"{CLUSTER_START_TIMEOUT_S:.0f} for a cluster, whose JVMs share the cores)",
     )
     add_flag(
         parser,
         "--faultable",
-        help="with --nodes: every node's links (clients, talker, peers) run through Toxiproxy, "
-        "so `broker net` can slow, cut or reset them; plaintext only; chosen at the first start",
+        help="with --nodes N (2..9): every node's links (clients, member, talker, peers) run "
+        "through Toxiproxy, so `broker net` can slow, cut or reset them; plaintext only; chosen "
+        "at the first start (a single broker has no links to fault: refused)",
     )
 
 
@@ -181,7 +195,11 @@ def _add_net_options(parser: argparse.ArgumentParser) -> None:
     )
     fault = parser.add_mutually_exclusive_group()
     fault.add_argument(
-        "--latency-ms", type=int, metavar="MS", help="hold every byte MS ms, both directions"
+        "--latency-ms",
+        type=int,
+        metavar="MS",
+        help=f"hold every byte MS ms, both directions (MS plus J at most {MAX_LATENCY_MS}: "
+        "Toxiproxy counts a delay in 64-bit nanoseconds)",
     )
     add_flag(fault, "--down", help="a black hole: connections stay open, nothing passes")
     add_flag(fault, "--reset", help="reset every connection a few ms after it opens")
@@ -213,12 +231,18 @@ def _data_dir(args: argparse.Namespace) -> Path:
     return Path(args.data_dir or default_data_dir())
 
 
+def _timeout_s(args: argparse.Namespace, default: float) -> float:
+    """--timeout-s as the user gave it (start only), else `default`."""
+    given: float | None = getattr(args, "timeout_s", None)
+    return default if given is None else given
+
+
 def _broker(args: argparse.Namespace) -> LocalBroker:
     heap_max_mb = getattr(args, "heap_max_mb", None) or 1024
     settings = BrokerSettings(
         heap_min_mb=min(256, heap_max_mb),
         heap_max_mb=heap_max_mb,
-        start_timeout_s=getattr(args, "timeout_s", 60.0),
+        start_timeout_s=_timeout_s(args, BROKER_START_TIMEOUT_S),
         security=getattr(args, "security", None),
     )
     return LocalBroker(_data_dir(args), settings)
@@ -229,7 +253,7 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
     settings = BrokerSettings(
         heap_min_mb=min(NODE_HEAP_MIN_MB, heap_max_mb),
         heap_max_mb=heap_max_mb,
-        start_timeout_s=getattr(args, "timeout_s", 60.0) * 2,  # three JVMs share the cores
+        start_timeout_s=_timeout_s(args, CLUSTER_START_TIMEOUT_S),
         security=getattr(args, "security", None),
     )
     faultable = bool(getattr(args, "faultable", False))
@@ -245,6 +269,11 @@ def _is_cluster(args: argparse.Namespace) -> bool:
 
 def _start(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    if args.faultable and not _is_cluster(args):
+        raise LinkUsageError(
+            "--faultable needs a cluster: a single broker has no links to fault; add --nodes 3 "
+            "(2..9)"
+        )
     if _is_cluster(args):
         cluster = _cluster(args)
         layout = cluster.start(_progress)
@@ -306,17 +335,44 @@ def _status(args: argparse.Namespace) -> int:
         cluster = _cluster(args)
         statuses = cluster.status()
         layout = cluster.layout()
+        links = cluster.links_status()
         print(
             format_cluster_status(statuses, layout.cluster_id, layout.bootstrap, cluster.data_dir)
         )
         kinds = {s.kind for s in statuses}
-        if kinds == {NodeStatusKind.RUNNING}:
+        links_ok = True
+        if links is not None:
+            line, links_ok = format_links_status(links, kinds == {NodeStatusKind.STOPPED})
+            print(f"{'links:':<12}{line}")
+        if kinds == {NodeStatusKind.RUNNING} and links_ok:
             return 0
-        return EXIT_BROKER_STOPPED if kinds == {NodeStatusKind.STOPPED} else EXIT_FAILURE
+        if kinds == {NodeStatusKind.STOPPED} and links_ok:
+            return EXIT_BROKER_STOPPED
+        return EXIT_FAILURE
     status = _broker(args).status()
     print(format_status(status))
     codes = {BrokerStatusKind.RUNNING: 0, BrokerStatusKind.STOPPED: 3, BrokerStatusKind.CRASHED: 1}
     return codes[status.kind]
+
+
+def format_links_status(links: LinksStatus, stopped: bool) -> tuple[str, bool]:
+    """The `links:` line of a faultable cluster's status, and whether it is as it should be:
+    Toxiproxy with every proxy while nodes run, nothing when every node is stopped."""
+    if stopped:
+        if links.pid is None:
+            return "stopped (Toxiproxy not running)", True
+        return (
+            f"Toxiproxy (pid {links.pid}) still runs though every node is stopped; "
+            "`codeclog broker stop` ends it",
+            False,
+        )
+    if links.problems:
+        return (
+            f"UNREACHABLE: {'; '.join(links.problems)}: no client reaches the nodes; "
+            "`codeclog broker start` brings Toxiproxy and its proxies back",
+            False,
+        )
+    return f"through Toxiproxy (pid {links.pid}, API {links.api}), every proxy in place", True
 
 
 def format_status(status: BrokerStatus) -> str:
@@ -399,9 +455,9 @@ def _net(args: argparse.Namespace) -> int:
 def _net_fault(args: argparse.Namespace) -> Fault | None:
     """The fault the options ask for; None: only show the links."""
     if args.latency_ms is not None:
-        if args.latency_ms < 0 or args.jitter_ms < 0:
-            raise LinkUsageError("--latency-ms and --jitter-ms must be >= 0")
-        return latency(args.latency_ms, args.jitter_ms)
+        fault = latency(args.latency_ms, args.jitter_ms)
+        fault.check()  # before anything is asked of Toxiproxy
+        return fault
     if args.jitter_ms:
         raise LinkUsageError("--jitter-ms goes with --latency-ms")
     chosen = {"down": DOWN, "reset": RESET, "heal": HEAL}
