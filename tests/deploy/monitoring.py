@@ -270,20 +270,26 @@ def query(prometheus_port: int, promql: str) -> list[dict[str, Any]]:
 
 def first_record_ms(bootstrap: str, topic: str, partitions: int) -> int:
     """The earliest record timestamp of `topic` (the talker's first chunk)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False}
     )
     try:
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        starts = {}
+        for p in range(partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > low:
+                starts[p] = low
+        assert starts, f"no record on {topic}"
+        consumer.assign([TopicPartition(topic, p, offset) for p, offset in starts.items()])
         firsts: dict[int, int] = {}
         deadline = time.monotonic() + 30
-        while len(firsts) < partitions and time.monotonic() < deadline:
+        while len(firsts) < len(starts) and time.monotonic() < deadline:
             for message in consumer.consume(num_messages=100, timeout=0.5):
                 if message.error() is None:
                     firsts.setdefault(message.partition(), message.timestamp()[1])
-        assert firsts, f"no record on {topic}"
+        assert len(firsts) == len(starts), f"could not read the first records of {topic}"
         return min(firsts.values())
     finally:
         consumer.close()
