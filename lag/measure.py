@@ -2,7 +2,10 @@
 
 What is read, per partition of the topic, in one `measure()` call:
 
-* committed offset: `AdminClient.list_consumer_group_offsets` (negative = none: None here);
+* committed offset: `Consumer.committed()` of a consumer carrying the group's id, which never
+  joins the group (negative = none: None here). Not `AdminClient.list_consumer_group_offsets`:
+  librdkafka crashes the process (SIGSEGV) when a coordinator answers that with
+  NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE (`CommittedReader`; docs/lag.md);
 * end offset: the **last stable offset** (`list_offsets(..., isolation_level=READ_COMMITTED)`),
   because the vocoder reads read_committed: against the high watermark a fully consumed
   transactional topic would show lag 1 (the commit marker; librdkafka #2539, klag-exporter #104);
@@ -77,7 +80,6 @@ from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     ConsumerGroupState,
-    ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -102,6 +104,17 @@ from codeclog.schemas.records import FRAME_SECONDS, CodecChunk
 DEFAULT_READ_RECORDS = 64  # K: records decoded per lagging partition for the audio estimate
 DEFAULT_TIMEOUT_S = 10.0  # admin requests
 DEFAULT_READ_TIMEOUT_S = 3.0  # the head reader, all partitions together
+# A group coordinator that moves (a node restart) or has not loaded its __consumer_offsets
+# partition yet (a fresh cluster) answers OffsetFetch with one of these; the consumer finds the
+# coordinator again by itself, so the question is asked again until the timeout.
+COORDINATOR_MOVING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    }
+)
+COORDINATOR_RETRY_S = 0.2
 OFFSET_RESETS = ("earliest", "latest")  # auto.offset.reset values a lag can be measured from
 DEFAULT_OFFSET_RESET = "earliest"  # codeclog's consumer (consumers.member.service)
 # A CreateTime (the producer's clock) is believed only this far ahead of the monitor's clock
@@ -362,8 +375,88 @@ class HeadReader:
         )
 
 
+class CommittedReader:
+    """Committed offsets of consumer groups, each read by a consumer carrying that group's id.
+
+    Why not `AdminClient.list_consumer_group_offsets`: when the group coordinator answers its
+    OffsetFetch with NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE, librdkafka (2.16.0) asks the
+    client's consumer group handle to find the coordinator again, and an AdminClient has none:
+    a NULL dereference (rd_kafka_cgrp_op) in librdkafka's main thread kills the process with
+    SIGSEGV, where faulthandler cannot report because librdkafka's threads block signals. A
+    fresh cluster gives that answer to the first question about a group (the exporter's first
+    measurement, with no vocoder yet), a node restart to later ones (docs/lag.md, "The
+    exporter's SIGSEGV"). A consumer has that handle: it finds the coordinator again and
+    `committed()` raises, so the question is asked again until the timeout. The consumer never
+    subscribes, so it never joins the group and is never counted as a member.
+    """
+
+    def __init__(
+        self,
+        client_config: Mapping[str, Any],
+        timeout_s: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = dict(client_config)
+        self._timeout_s = timeout_s
+        self._monotonic = monotonic
+        self._consumers: dict[str, Consumer] = {}  # one per group, kept between measurements
+
+    def read(self, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
+        doing = {"group": f"DESCRIBE group {group}", "topic": f"DESCRIBE topic {topic}"}
+        asked = [TopicPartition(topic, p) for p in partitions]
+        offsets: dict[int, int | None] = {}
+        for tp in self._committed(group, asked, doing):
+            if tp.error is not None and (refused := refusal(tp.error, self._config, doing)):
+                raise refused
+            offsets[tp.partition] = tp.offset if tp.offset >= 0 and tp.error is None else None
+        return offsets
+
+    def _committed(
+        self, group: str, asked: list[TopicPartition], doing: Mapping[str, str]
+    ) -> list[TopicPartition]:
+        consumer = self._consumer(group)
+        deadline = self._monotonic() + self._timeout_s
+        while True:
+            left = deadline - self._monotonic()
+            try:
+                return list(consumer.committed(asked, timeout=max(left, 0.1)))
+            except KafkaException as exc:
+                if (refused := refusal(exc, self._config, doing)) is not None:
+                    raise refused from exc
+                error = exc.args[0] if exc.args else None
+                moving = isinstance(error, KafkaError) and error.code() in COORDINATOR_MOVING
+                if not moving or left <= COORDINATOR_RETRY_S:
+                    raise MeasureError(
+                        f"cannot list the offsets of group {group!r}: {_reason(exc)}"
+                    ) from exc
+            time.sleep(COORDINATOR_RETRY_S)
+
+    def _consumer(self, group: str) -> Consumer:
+        consumer = self._consumers.get(group)
+        if consumer is None:
+            settings = {
+                "group.id": group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+            }
+            try:
+                consumer = Consumer(client_settings(self._config, settings))
+            except KafkaException as exc:
+                raise ClientConfigError(
+                    f"invalid Kafka client configuration: {_reason(exc)}"
+                ) from exc
+            self._consumers[group] = consumer
+        return consumer
+
+    def close(self) -> None:
+        for consumer in self._consumers.values():
+            consumer.close()
+        self._consumers.clear()
+
+
 class LagMeasurer:
-    """Measures (group, topic) lag with one AdminClient; caches head reads between calls."""
+    """Measures (group, topic) lag with one AdminClient and one consumer per group (committed
+    offsets: `CommittedReader`); caches head reads between calls."""
 
     def __init__(
         self,
@@ -392,6 +485,7 @@ class LagMeasurer:
         self._read_records = read_records
         self._monotonic = monotonic
         self._reader = HeadReader(client_config, frames_of, read_timeout_s, monotonic)
+        self._committed = CommittedReader(client_config, timeout_s, monotonic)
         self._config = dict(client_config)
         self._heads: dict[tuple[str, int], HeadRead] = {}
 
@@ -402,14 +496,18 @@ class LagMeasurer:
 
     def close(self) -> None:
         self._heads.clear()  # AdminClient has no close(); dropping the reference frees it
+        self._committed.close()
 
     def measure(self, group: str, topic: str, now_ms: int) -> GroupMeasurement:
         started = self._monotonic()
         partitions = self.partitions(topic)
+        # describe first: a principal without DESCRIBE on the group gets the broker's refusal
+        # from it at once (a consumer would wait out the timeout for a coordinator it may not
+        # look up)
+        state, members, owned = self.describe(group, topic)
         committed = self.committed_offsets(group, topic, partitions)
         earliest = self.offsets(topic, partitions, OffsetSpec.earliest())
         end = self.offsets(topic, partitions, OffsetSpec.latest())
-        state, members, owned = self.describe(group, topic)
         start = {p: self._start(committed.get(p), earliest.get(p), end.get(p)) for p in partitions}
         heads = self._heads_for(topic, partitions, start, end)
         rows = tuple(
@@ -435,23 +533,7 @@ class LagMeasurer:
     def committed_offsets(
         self, group: str, topic: str, partitions: Iterable[int]
     ) -> dict[int, int | None]:
-        request = ConsumerGroupTopicPartitions(
-            group, [TopicPartition(topic, p) for p in partitions]
-        )
-        futures = self._admin.list_consumer_group_offsets(
-            [request], request_timeout=self._timeout_s
-        )
-        result = _result(
-            futures[group],
-            f"list the offsets of group {group!r}",
-            self._timeout_s,
-            self._config,
-            {"group": f"DESCRIBE group {group}", "topic": f"DESCRIBE topic {topic}"},
-        )
-        offsets: dict[int, int | None] = {}
-        for tp in result.topic_partitions:
-            offsets[tp.partition] = tp.offset if tp.offset >= 0 and tp.error is None else None
-        return offsets
+        return self._committed.read(group, topic, partitions)
 
     def offsets(
         self, topic: str, partitions: Iterable[int], spec: OffsetSpec

@@ -73,7 +73,10 @@ if [ "$(cat "$omni_stamp" 2>/dev/null)" != "$omni_want" ]; then
 fi
 
 missing=()
-command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# prometheus (promtool and the server) and prometheus-alertmanager (its binary and amtool): the
+# alert rule tests, and the alerting chain run for real (tests/deploy/test_alerting_end_to_end.py)
+{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 # qemu-user: the cross-CPU test decodes under emulated Intel and AMD CPUs (x86-64 hosts only)
 if [ "$(uname -m)" = x86_64 ]; then command -v qemu-x86_64 >/dev/null 2>&1 || missing+=(qemu-user); fi

@@ -13,11 +13,11 @@ Why each grant (Kafka's authorisation of each request the clients send):
   transactional id, here a PREFIXED grant on `<group>-` because the id is `<group>-<instance>`;
   Produce into audio, DLQ and progress needs WRITE; recovery reads progress back (READ).
   A transactional producer needs no IDEMPOTENT_WRITE (Kafka 2.8+, KIP-679).
-* monitor: OffsetFetch (list_consumer_group_offsets) and DescribeGroups need DESCRIBE on the
-  group; ListOffsets and Metadata need DESCRIBE on the topic. That is enough for the records
-  lag. Time lag and audio lag read the record at the committed offset (Fetch = READ on the
-  chunk topic, i.e. payloads): granted only with `monitor_reads=True`; without it those two
-  columns are unknown and `codeclog lag` says so.
+* monitor: FindCoordinator and OffsetFetch (its consumer's committed()) and DescribeGroups
+  need DESCRIBE on the group; ListOffsets and Metadata need DESCRIBE on the topic. That is
+  enough for the records lag. Time lag and audio lag read the record at the committed offset
+  (Fetch = READ on the chunk topic, i.e. payloads): granted only with `monitor_reads=True`;
+  without it those two columns are unknown and `codeclog lag` says so.
 * replay (capture, verify, replay, listen): READ on every codeclog topic and on its own groups
   (`codeclog-capture`, `codeclog-capture-*`, `codeclog-reader`, `codeclog-listener`), DESCRIBE
   on the vocoder group (verify --group waits for it to drain); WRITE only on topics under

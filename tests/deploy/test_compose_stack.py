@@ -21,6 +21,7 @@ SERVICES = {
     "prometheus",
     "grafana",
     "alertmanager",
+    "oncall",
 }
 
 
