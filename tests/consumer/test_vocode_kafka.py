@@ -11,10 +11,6 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import (
-    ConsumerGroupTopicPartitions,
-    TopicPartition,
-)
 from confluent_kafka.admin import AdminClient
 
 from codeclog.cli import main
@@ -24,6 +20,7 @@ from codeclog.consumers.stream.fold.state import Policy
 from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig
 from codeclog.kafka.reader import read_partition
 from codeclog.kafka.records import InputRecord, Position
+from codeclog.lag.measure import CommittedReader
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk, CodecChunk, DeadLetter
 from tests.consumer.audio_ends import audio_ends
@@ -180,11 +177,15 @@ def _restored(stack: Any, process: Any) -> int:
 
 def _committed(stack: Any, admin: AdminClient) -> int:
     """The group's committed chunk offsets, summed: they move only when a transaction commits
-    (its offsets and checkpoints are in it), so a rise proves a member left progress behind."""
-    tps = [TopicPartition(stack.topics.chunks, p) for p in range(stack.topics.partitions)]
-    request = ConsumerGroupTopicPartitions(stack.group, tps)
-    result = admin.list_consumer_group_offsets([request], request_timeout=10)[stack.group]
-    return sum(max(tp.offset, 0) for tp in result.result().topic_partitions)
+    (its offsets and checkpoints are in it), so a rise proves a member left progress behind.
+    Read as the lag exporter reads them (CommittedReader: an AdminClient's OffsetFetch can
+    crash the process when the coordinator moves, docs/lag.md)."""
+    reader = CommittedReader(stack.client, timeout_s=30.0)
+    try:
+        offsets = reader.read(stack.group, stack.topics.chunks, range(stack.topics.partitions))
+    finally:
+        reader.close()
+    return sum(offset or 0 for offset in offsets.values())
 
 
 def _open_audio_transaction(stack: Any, admin: AdminClient, baseline: dict[int, int]) -> bool:
