@@ -4,10 +4,11 @@ opened in a real headless Chromium (issue 41: such a page was 83.6 MB and not re
 A synthetic capture of `--sessions` interleaved duplex sessions (codeclog.testing.upstream_streams,
 about 10 chunks per turn) on `--partitions` partitions is written; with 5,500 sessions of 4 turns
 on 8 partitions (about 162,000 records) the open-stream cap (1,024 over 8 partitions: 128 per
-partition) evicts, and more than 100,000 records are non-clean (held, abandoned, rejected). Then the report is built stage by stage as
-`codeclog report` builds it (`replay.report.writer.write_report`: load, replay and timelines,
-the page's data, the HTML) and opened in Chromium (codeclog.devtools.browser: Debian's
-`chromium`, headless, over the DevTools pipe), timing:
+partition) evicts, and more than 100,000 records are non-clean (held, abandoned, rejected).
+Then the report is built stage by stage as `codeclog report` builds it
+(`replay.report.writer.write_report`: load, replay and timelines, the page's data, the HTML)
+and opened in Chromium (codeclog.devtools.browser: Debian's `chromium`, headless, over the
+DevTools pipe), timing:
 
 - ready: from navigation until the page's script has drawn every timeline and wired the table
   (`document.body.dataset.ready`), plus two animation frames: the page answers input from here;
