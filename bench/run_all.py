@@ -21,6 +21,7 @@ FULL: list[tuple[str, list[str]]] = [
     ("wire codec", ["wire_codec"]),
     ("fold vs decode (issue 3)", ["bench_fold", "--sessions", "1000", "--turns", "4"]),
     ("state-only replay (issue 5)", ["bench_replay", "--sessions", "1000"]),
+    ("report at scale in Chromium (issue 41)", ["bench_report"]),
     ("lag evaluation (issue 9)", ["bench_lag", "--partitions", "10000"]),
     ("publisher (issue 4)", ["bench_publisher", "--records", "20000", "--rate", "200"]),
     ("flow (issue 6)", ["bench_flow", "--configs", "tiny,full", "--batches", "1,4,16"]),
@@ -34,6 +35,7 @@ FULL: list[tuple[str, list[str]]] = [
 QUICK_ARGS = {
     "bench_fold": ["--sessions", "200"],
     "bench_replay": ["--sessions", "200"],
+    "bench_report": ["--sessions", "300"],
     "bench_publisher": ["--records", "2000", "--rate", "100", "--paced-seconds", "2"],
     "bench_flow": ["--configs", "tiny", "--batches", "1,4"],
     "bench_ragged": ["--streams", "10", "--seconds", "1", "--bound-seeds", "1"],

@@ -14,6 +14,7 @@ EXIT_DIFFERENT = 1  # `diff`: the inputs differ
 EXIT_BROKER_STOPPED = 3  # `broker status`: every node is stopped
 EXIT_STRICT_FATAL = 3  # `vocode --policy strict`: the upstream stage would have died here
 EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_BROKEN_PIPE = 141  # the reader of stdout left (`| head`): 128 + SIGPIPE, quietly
 
 
 class CodeclogError(Exception):

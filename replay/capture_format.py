@@ -8,23 +8,37 @@ on a transactional topic are not contiguous (commit markers, aborted records), s
 assumes they are.
 
 The writer ends a block on every `flush()`; since every block ends with the sync marker, a capture
-that crashed stays readable up to its last flushed block (`CaptureReader.truncated` tells).
+that crashed stays readable up to its last flushed block (`CaptureReader.truncated` tells). A
+block that cannot be read anywhere else is corrupt, an error naming it (`replay.capture_blocks`).
+The reader accepts only this schema (the same fields and types) and a header whose every value
+has the type it should: anything else is one `CaptureFormatError` naming what is wrong.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import io
 import json
-import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import fastavro
+from fastavro.read import HEADER_SCHEMA
+from fastavro.schema import to_parsing_canonical_form
 from fastavro.write import Writer
 
+from codeclog.json_values import (
+    JsonValueError,
+    json_dict,
+    json_int,
+    json_list,
+    json_str,
+    json_value,
+)
+from codeclog.replay.capture_blocks import CODECS, BlockReader, SkippedBlock
 from codeclog.replay.errors import CaptureFormatError
 from codeclog.user_files import create_binary, open_binary, user_file_error
 
@@ -84,6 +98,11 @@ CAPTURE_SCHEMA: dict[str, Any] = {
     ],
 }
 _PARSED_SCHEMA = fastavro.parse_schema(CAPTURE_SCHEMA)
+_CANONICAL_SCHEMA = to_parsing_canonical_form(_PARSED_SCHEMA)
+_FIELD_TYPES = {
+    f["name"]: to_parsing_canonical_form(f["type"])
+    for f in cast(dict[str, Any], _PARSED_SCHEMA)["fields"]
+}
 
 
 class TimestampType(enum.Enum):
@@ -213,10 +232,27 @@ class CaptureMetadata:
 
     @classmethod
     def from_avro_metadata(cls, meta: Mapping[str, str]) -> CaptureMetadata:
-        try:
-            return _metadata_from_avro(meta)
-        except (KeyError, ValueError, TypeError, AttributeError) as exc:
-            raise CaptureFormatError(f"the capture header is malformed ({exc!r})") from exc
+        """The header's values, each checked for its type (CaptureFormatError names the key)."""
+        version = _header_value(meta, "capture.format_version", json_str, raw=True)
+        if version != FORMAT_VERSION:
+            raise CaptureFormatError(
+                f"capture format version {version} is not supported (this codeclog reads "
+                f"{FORMAT_VERSION}); use the codeclog version that wrote it"
+            )
+        return CaptureMetadata(
+            topic=_header_value(meta, "kafka.topic", json_str, raw=True),
+            partition_count=_header_value(meta, "kafka.partition_count", json_int),
+            spans=_header_value(meta, "kafka.offsets", _spans),
+            cluster_id=_header_value(meta, "kafka.cluster_id", json_str, raw=True),
+            created_at_ms=_header_value(meta, "capture.created_at_ms", json_int),
+            isolation_level=_header_value(meta, "kafka.isolation_level", json_str, raw=True),
+            codeclog_version=_header_value(meta, "codeclog.version", json_str, raw=True),
+            git_commit=_header_value(meta, "codeclog.git_commit", json_str, raw=True),
+            schema_fingerprints=_header_value(meta, "codeclog.schema_fingerprints", _texts),
+            request_filter=tuple(_header_value(meta, "capture.request_filter", _strings)),
+            client_versions=_header_value(meta, "client.versions", _texts, default="{}"),
+            format_version=version,
+        )
 
     def provenance(self) -> dict[str, Any]:
         """The header as a JSON object, for the replay report (sorted, no local paths)."""
@@ -235,32 +271,41 @@ class CaptureMetadata:
         }
 
 
-def _metadata_from_avro(meta: Mapping[str, str]) -> CaptureMetadata:
-    version = meta["capture.format_version"]
-    if version != FORMAT_VERSION:
-        raise CaptureFormatError(
-            f"capture format version {version} is not supported (this codeclog reads "
-            f"{FORMAT_VERSION}); use the codeclog version that wrote it"
+def _header_value(
+    meta: Mapping[str, str],
+    key: str,
+    parse: Callable[[Any], Any],
+    raw: bool = False,
+    default: str | None = None,
+) -> Any:
+    """The header's `key`: its text itself (`raw`) or the JSON it holds, checked by `parse`."""
+    text = meta.get(key, default)
+    if text is None:
+        raise CaptureFormatError(f"the capture header lacks {key}")
+    try:
+        return parse(text if raw else json_value(text))
+    except JsonValueError as exc:
+        raise CaptureFormatError(f"the capture header's {key} is malformed: {exc}") from None
+
+
+def _spans(value: Any) -> tuple[PartitionSpan, ...]:
+    spans = []
+    for partition, span in json_dict(value).items():
+        if not partition.isdecimal():
+            raise JsonValueError(f"expected a partition number, got {partition!r}")
+        bounds = json_dict(span)
+        spans.append(
+            PartitionSpan(int(partition), *(json_int(bounds.get(k)) for k in ("start", "end")))
         )
-    offsets = json.loads(meta["kafka.offsets"])
-    spans = tuple(
-        PartitionSpan(int(p), int(v["start"]), int(v["end"]))
-        for p, v in sorted(offsets.items(), key=lambda kv: int(kv[0]))
-    )
-    return CaptureMetadata(
-        topic=meta["kafka.topic"],
-        partition_count=int(meta["kafka.partition_count"]),
-        spans=spans,
-        cluster_id=meta["kafka.cluster_id"],
-        created_at_ms=int(meta["capture.created_at_ms"]),
-        isolation_level=meta["kafka.isolation_level"],
-        codeclog_version=meta["codeclog.version"],
-        git_commit=meta["codeclog.git_commit"],
-        schema_fingerprints=dict(json.loads(meta["codeclog.schema_fingerprints"])),
-        request_filter=tuple(json.loads(meta["capture.request_filter"])),
-        client_versions=dict(json.loads(meta.get("client.versions", "{}"))),
-        format_version=version,
-    )
+    return tuple(sorted(spans, key=lambda span: span.partition))
+
+
+def _strings(value: Any) -> list[str]:
+    return [json_str(item) for item in json_list(value)]
+
+
+def _texts(value: Any) -> dict[str, str]:
+    return {key: json_str(text) for key, text in json_dict(value).items()}
 
 
 def _dumps(value: Any) -> str:
@@ -322,57 +367,131 @@ def is_capture_file(path: str | Path) -> bool:
     """True when the file starts with the OCF magic (a JSONL scenario or report does not);
     UserFileError (exit 2) when it cannot be read."""
     with open_binary(path, "input") as fo:
-        return fo.read(len(OCF_MAGIC)) == OCF_MAGIC
+        try:
+            return fo.read(len(OCF_MAGIC)) == OCF_MAGIC
+        except OSError as exc:
+            raise user_file_error("read", "input", path, exc) from exc
 
 
-# What fastavro raises on a block cut short by a crash (checked by truncating at every byte).
-_TRUNCATION_ERRORS = (EOFError, ValueError, IndexError, zlib.error, StopIteration)
+# What fastavro raises on a header it cannot read (cut short, or bytes that are no header).
+_HEADER_ERRORS = (EOFError, ValueError, IndexError, OverflowError, MemoryError, StopIteration)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureHeader:
+    """A capture's header, checked: its metadata, and what reading its blocks needs."""
+
+    metadata: CaptureMetadata
+    codec: str
+    sync: bytes
+
+
+def read_header(fo: IO[bytes]) -> CaptureHeader:
+    """The header of the capture `fo` starts with; `fo` is left at its first block."""
+    try:
+        raw = fastavro.schemaless_reader(fo, HEADER_SCHEMA, None)
+    except _HEADER_ERRORS as exc:
+        raise CaptureFormatError(f"not a readable Avro capture ({exc!r})") from exc
+    if not isinstance(raw, dict) or raw.get("magic") != OCF_MAGIC:
+        raise CaptureFormatError("not a readable Avro capture (no Obj\\x01 magic)")
+    try:
+        meta = {key: value.decode("utf-8") for key, value in raw["meta"].items()}
+    except UnicodeDecodeError:
+        raise CaptureFormatError("the capture header is not UTF-8 text") from None
+    _check_schema(meta.get("avro.schema", "null"))
+    codec = meta.get("avro.codec", "null")
+    if codec not in CODECS:
+        raise CaptureFormatError(f"the capture's blocks use the codec {codec!r}, not deflate")
+    return CaptureHeader(CaptureMetadata.from_avro_metadata(meta), codec, raw["sync"])
+
+
+def _check_schema(text: str) -> None:
+    """The file's record schema is the capture schema: the same fields with the same types."""
+    try:
+        schema = json_value(text)
+    except JsonValueError as exc:
+        raise CaptureFormatError(f"the capture's Avro schema is not JSON ({exc})") from None
+    name = schema.get("name") if isinstance(schema, dict) else None
+    if name not in (SCHEMA_NAME, SCHEMA_NAME.rsplit(".", 1)[1]):
+        raise CaptureFormatError("the file is an Avro container but not a codeclog capture")
+    try:
+        if to_parsing_canonical_form(schema) == _CANONICAL_SCHEMA:
+            return
+        found = {f["name"]: to_parsing_canonical_form(f["type"]) for f in schema["fields"]}
+    except Exception:
+        raise CaptureFormatError("the capture's Avro schema is not a valid schema") from None
+    missing = [field for field in _FIELD_TYPES if field not in found]
+    if missing:
+        raise CaptureFormatError(f"the capture's records lack the field(s) {', '.join(missing)}")
+    other = [field for field, kind in _FIELD_TYPES.items() if found[field] != kind]
+    detail = ", ".join(f"{field} is {found[field]}, not {_FIELD_TYPES[field]}" for field in other)
+    raise CaptureFormatError(
+        "the capture's record schema is not codeclog's" + (f": {detail}" if detail else "")
+    )
+
+
+def _decode_records(data: bytes, count: int) -> list[dict[str, Any]]:
+    """The `count` records of an inflated block; ValueError unless they fill it exactly."""
+    stream = io.BytesIO(data)
+    try:
+        records = [
+            cast(dict[str, Any], fastavro.schemaless_reader(stream, _PARSED_SCHEMA, None))
+            for _ in range(count)
+        ]
+    except (EOFError, IndexError, OverflowError, MemoryError, StopIteration) as exc:
+        raise ValueError(repr(exc)) from None
+    if stream.tell() != len(data):
+        raise ValueError(f"{len(data) - stream.tell():,} bytes follow its {count:,} records")
+    return records
 
 
 class CaptureReader:
-    """Reads a capture: `metadata`, then `records()` in file order. Stops at a torn last block."""
+    """Reads a capture: `metadata`, then `records()` in file order. Stops at a torn last block
+    (`truncated`); a corrupt block is CorruptBlockError, or skipped with `skip_corrupt`
+    (`skipped`)."""
 
-    def __init__(self, fo: IO[bytes]) -> None:
-        self._fo = fo
-        try:
-            self._blocks = fastavro.block_reader(fo)
-        except _TRUNCATION_ERRORS as exc:
-            raise CaptureFormatError(f"not a readable Avro capture ({exc!r})") from exc
-        schema = self._blocks.writer_schema
-        if not isinstance(schema, dict) or schema.get("name") != SCHEMA_NAME:
-            raise CaptureFormatError("the file is an Avro container but not a codeclog capture")
-        self.metadata = CaptureMetadata.from_avro_metadata(self._blocks.metadata)
-        self.truncated = False  # set when the last block was torn (a crashed capture)
+    def __init__(self, fo: IO[bytes], skip_corrupt: bool = False) -> None:
+        header = read_header(fo)
+        self.metadata = header.metadata
+        self._blocks = BlockReader(fo, header.sync, header.codec, _decode_records, skip_corrupt)
+
+    @property
+    def truncated(self) -> bool:
+        """The last block was torn (a crashed capture)."""
+        return self._blocks.truncated
+
+    @property
+    def skipped(self) -> tuple[SkippedBlock, ...]:
+        return tuple(self._blocks.skipped)
 
     def records(self) -> Iterator[CapturedRecord]:
-        for block in self._whole_blocks():
+        for block in self._blocks:
             for raw in block:
                 yield CapturedRecord.from_avro(raw)
 
-    def raw_records(self) -> Iterator[dict[str, Any]]:
-        """Records as fastavro dicts (`timestamp_type` is the Avro symbol): the fast path."""
-        for block in self._whole_blocks():
-            yield from block
 
-    def _whole_blocks(self) -> Iterator[list[dict[str, Any]]]:
-        iterator = iter(self._blocks)
-        while True:
-            try:
-                block: list[dict[str, Any]] = list(next(iterator))  # type: ignore[arg-type]
-            except StopIteration:
-                return
-            except _TRUNCATION_ERRORS:
-                self.truncated = True
-                return
-            yield block
+@dataclasses.dataclass(frozen=True)
+class Capture:
+    """A whole capture: its header, its records in file order, and how its end looked."""
+
+    metadata: CaptureMetadata
+    records: list[CapturedRecord]
+    truncated: bool = False
+    skipped: tuple[SkippedBlock, ...] = ()
+
+
+def read_records(fo: IO[bytes], skip_corrupt: bool = False) -> Capture:
+    """The capture `fo` holds (seekable, at its start)."""
+    reader = CaptureReader(fo, skip_corrupt)
+    records = list(reader.records())
+    return Capture(reader.metadata, records, reader.truncated, reader.skipped)
 
 
 def read_capture(path: str | Path) -> tuple[CaptureMetadata, list[CapturedRecord], bool]:
     """The whole capture: (metadata, records in file order, truncated)."""
     try:
         with open(path, "rb") as fo:
-            reader = CaptureReader(fo)
-            records = list(reader.records())
-            return reader.metadata, records, reader.truncated
+            capture = read_records(fo)
     except OSError as exc:
         raise user_file_error("read", "capture", path, exc) from exc
+    return capture.metadata, capture.records, capture.truncated

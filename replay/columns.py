@@ -1,11 +1,12 @@
-"""A capture read as columns: the container parsed by fastavro, the records walked with numpy.
+"""A capture read as columns: its blocks read whole, the records walked with numpy.
 
 `read_capture` builds a `CapturedRecord` per record through fastavro's reader (about 15 us a
 record); a state-only replay needs only each record's partition, offset, key and value bytes.
 `read_table` keeps the decompressed blocks as one buffer and finds every record in it:
 
-1. fastavro's `block_reader` reads the header and the blocks (decompressed), with the torn-block
-   rule of `CaptureReader` (a block that fails to read ends the capture, `truncated`);
+1. `capture_format.read_header` reads the header and `capture_blocks.BlockReader` the blocks
+   (inflated), with the rules of `CaptureReader` (a torn last block ends the capture,
+   `truncated`; a corrupt one is an error, or skipped on request, `skipped`);
 2. the records of a block follow each other, and each starts with its topic: every place the
    first record's topic (length + bytes) occurs is a candidate start. All candidates are
    walked at once (`codeclog.schemas.columnar.walk`, canonical encoding only), and from each block's
@@ -24,18 +25,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, overload
 
-import fastavro
 import numpy as np
 
+from codeclog.replay.capture_blocks import BlockReader, SkippedBlock
 from codeclog.replay.capture_format import (
-    _TRUNCATION_ERRORS,
     CAPTURE_SCHEMA,
-    SCHEMA_NAME,
     CapturedRecord,
     CaptureMetadata,
     TimestampType,
+    read_header,
 )
-from codeclog.replay.errors import CaptureFormatError
 from codeclog.schemas.columnar import (
     Bools,
     Bytes,
@@ -68,6 +67,7 @@ class _Blocks:
     starts: list[int]  # where each block starts in `data`
     counts: list[int]  # records per block
     truncated: bool
+    skipped: tuple[SkippedBlock, ...]
 
 
 class CaptureTable(Sequence[CapturedRecord]):
@@ -80,6 +80,7 @@ class CaptureTable(Sequence[CapturedRecord]):
     def __init__(self, blocks: _Blocks, walked: Walk, buffer: Bytes) -> None:
         self.metadata = blocks.metadata
         self.truncated = blocks.truncated
+        self.skipped = blocks.skipped
         self.data = blocks.data
         self.buffer = buffer  # `data`, padded for the walker
         partition, offset = walked.columns["partition"].values, walked.columns["offset"].values
@@ -152,46 +153,45 @@ class CaptureTable(Sequence[CapturedRecord]):
         return with_nulls(column, column.values.tolist())
 
 
-def read_table(path: str | Path) -> CaptureTable | None:
-    """The capture as a table, or None when it must be read record by record (see above).
-    Raises CaptureFormatError as `read_capture` does."""
+def read_table(source: str | Path | IO[bytes], skip_corrupt: bool = False) -> CaptureTable | None:
+    """The capture at a path or in a file object (seekable, at its start) as a table, or None
+    when it must be read record by record (see above). Raises CaptureFormatError as
+    `CaptureReader` does."""
+    if isinstance(source, str | Path):
+        try:
+            with open(source, "rb") as fo:
+                return read_table(fo, skip_corrupt)
+        except OSError as exc:
+            raise user_file_error("read", "capture", source, exc) from exc
     assert _PLAN is not None
-    try:
-        with open(path, "rb") as fo:
-            blocks = _read_blocks(fo)
-    except OSError as exc:
-        raise user_file_error("read", "capture", path, exc) from exc
+    blocks = _read_blocks(source, skip_corrupt)
     buffer = padded(blocks.data)
     walked = _find_records(blocks, buffer)
     return None if walked is None else CaptureTable(blocks, walked, buffer)
 
 
-def _read_blocks(fo: IO[bytes]) -> _Blocks:
-    """The header and every whole block (the `CaptureReader` rules for errors and torn ends)."""
-    try:
-        reader = fastavro.block_reader(fo)
-    except _TRUNCATION_ERRORS as exc:
-        raise CaptureFormatError(f"not a readable Avro capture ({exc!r})") from exc
-    schema = reader.writer_schema
-    if not isinstance(schema, dict) or schema.get("name") != SCHEMA_NAME:
-        raise CaptureFormatError("the file is an Avro container but not a codeclog capture")
-    metadata = CaptureMetadata.from_avro_metadata(reader.metadata)
+def _read_blocks(fo: IO[bytes], skip_corrupt: bool = False) -> _Blocks:
+    """The header and every whole block, inflated (the records are walked later)."""
+    header = read_header(fo)
+    reader = BlockReader(fo, header.sync, header.codec, _as_is, skip_corrupt)
     parts: list[bytes] = []
     counts: list[int] = []
-    truncated = False
-    iterator = iter(reader)
-    while True:
-        try:
-            block = next(iterator)
-        except StopIteration:
-            break
-        except _TRUNCATION_ERRORS:
-            truncated = True
-            break
-        parts.append(block.bytes_.getvalue())  # type: ignore[attr-defined]
-        counts.append(block.num_records)
+    for data, count in reader:
+        parts.append(data)
+        counts.append(count)
     starts = np.concatenate(([0], np.cumsum([len(p) for p in parts]))).tolist()
-    return _Blocks(metadata, b"".join(parts), starts, counts, truncated)
+    return _Blocks(
+        header.metadata,
+        b"".join(parts),
+        starts,
+        counts,
+        reader.truncated,
+        tuple(reader.skipped),
+    )
+
+
+def _as_is(data: bytes, count: int) -> tuple[bytes, int]:
+    return data, count
 
 
 def _find_records(blocks: _Blocks, buffer: Bytes) -> Walk | None:

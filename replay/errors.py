@@ -20,6 +20,11 @@ class CaptureFormatError(ReplayError, UsageError):
     """A file is not a readable codeclog capture (wrong magic, schema or metadata)."""
 
 
+class VocoderSpecError(ReplayError, UsageError):
+    """--vocoder names no vocoder that loads (a missing or incomplete checkpoint, the vocoder
+    extra not installed): configuration, exit 2, as `vocode` says for the same mistake."""
+
+
 class InputFormatError(ReplayError, UsageError):
     """A replay or diff input is neither a capture, a JSONL scenario nor a replay report."""
 

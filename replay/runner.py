@@ -19,7 +19,7 @@ from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig, St
 from codeclog.errors import CodeclogError
 from codeclog.kafka.records import InputRecord, Position
 from codeclog.replay.columns import CaptureTable
-from codeclog.replay.errors import ReplayError
+from codeclog.replay.errors import VocoderSpecError
 from codeclog.replay.fast import replay_table
 from codeclog.replay.inputs import InputKind, ReplayInput
 from codeclog.replay.jsontext import dumps_sorted_indent1
@@ -178,14 +178,14 @@ def load_engine(
     try:
         from codeclog.vocoder.engine import Code2WavEngine
     except ImportError as exc:
-        raise ReplayError(
+        raise VocoderSpecError(
             f"--vocoder {spec} needs the vocoder extra (torch): pip install 'codeclog[vocoder]' "
             f"({exc.name} is missing)"
         ) from exc
     try:
         return Code2WavEngine.from_spec(spec, kernels=kernels, hift=hift, dtype=dtype)
     except (OSError, ValueError, CodeclogError) as exc:
-        raise ReplayError(f"cannot load the vocoder {spec!r}: {exc}") from exc
+        raise VocoderSpecError(f"cannot load the vocoder {spec!r}: {exc}") from exc
 
 
 def _finish_report(

@@ -130,7 +130,7 @@ def _codes(value: Any) -> tuple[int, ...]:
 
 def _text(value: Any) -> bytes:
     if isinstance(value, str):
-        return value.encode("utf-8")
+        return json_str(value).encode("utf-8")
     if isinstance(value, list) and all(0 <= json_int(byte) <= 255 for byte in value):
         return bytes(value)
     raise JsonValueError(f"llm_output_text_utf8 must be a string or a list of bytes, got {value!r}")

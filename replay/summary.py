@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from codeclog.schemas.records import SAMPLE_RATE_HZ
+from codeclog.terminal_text import printable
 
 UPSTREAM_ERROR = "MiniCPMO45Code2WavBatchError"
 COLUMNS = ("request", "status", "windows", "audio_s", "rejections", "notes")
@@ -24,12 +25,15 @@ def upstream_error_text(reason: str, details: Mapping[str, Any]) -> str:
 
 
 def format_summary(report: Mapping[str, Any]) -> str:
+    """The report for a terminal: what came from the input (request ids, the capture's header)
+    is shown with its control characters escaped (`codeclog.terminal_text`)."""
     lines = _header_lines(report)
     lines.append("")
-    lines.extend(_table([COLUMNS, *request_rows(report)]))
+    rows = [tuple(printable(cell) for cell in row) for row in request_rows(report)]
+    lines.extend(_table([COLUMNS, *rows]))
     lines.extend(_dead_letter_lines(report))
     lines.extend(_fatal_lines(report))
-    return "\n".join(lines) + "\n"
+    return "".join(printable(line) + "\n" for line in lines)
 
 
 def _header_lines(report: Mapping[str, Any]) -> list[str]:
@@ -44,6 +48,12 @@ def _header_lines(report: Mapping[str, Any]) -> list[str]:
         )
     if source.get("truncated"):
         lines.append("warning: the capture's last block was torn (a crashed capture?)")
+    skipped = source.get("skipped_blocks") or []
+    if skipped:
+        lines.append(
+            f"warning: {len(skipped)} corrupt block(s) of the capture skipped, their records "
+            f"missing from this replay: {'; '.join(skipped)}"
+        )
     lines.append(
         f"policy {report.get('policy')}, vocoder {report.get('vocoder', 'none')}, "
         f"{report.get('events', 0)} events processed, {report.get('unprocessed', 0)} unprocessed"

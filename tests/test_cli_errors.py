@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -267,3 +268,112 @@ def test_folders_that_cannot_be_created_are_one_line_and_exit_2(
     dir of broker start exit 1."""
     result = _codeclog(*[arg.format(bad=not_a_folder) for arg in argv])
     _assert_one_line_exit_2(result, expected.format(bad=not_a_folder))
+
+
+# ----------------------------------------------------------------------------- issue 41
+# Standard output that cannot be written, input that is not text, names that are not UTF-8:
+# each was a traceback.
+
+
+def _codeclog_bytes(
+    *argv: str | bytes, stdout: int | None = None, memory_bytes: int | None = None
+) -> tuple[int, str]:
+    """(exit code, stderr) of `codeclog` with argv as bytes where given (a name that is not
+    UTF-8) and stdout where given; stdout buffered, as Python buffers a pipe or a file; its
+    address space bounded to `memory_bytes` where given."""
+    unset = (ENV_BOOTSTRAP, "PYTHONUNBUFFERED")
+    inherited = {k: v for k, v in os.environ.items() if k not in unset}
+    done = subprocess.run(
+        [sys.executable, "-m", "codeclog.cli", *argv],
+        cwd=ROOT,
+        env=inherited,
+        stdout=subprocess.DEVNULL if stdout is None else stdout,
+        stderr=subprocess.PIPE,
+        timeout=120,
+        preexec_fn=None if memory_bytes is None else lambda: _bound_memory(memory_bytes),
+    )
+    return done.returncode, done.stderr.decode("utf-8", "backslashreplace")
+
+
+def _bound_memory(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+@pytest.mark.parametrize("command", ["replay", "report"])
+def test_an_endless_input_is_refused_not_read(command: str, tmp_path: Path) -> None:
+    """/dev/zero was read until MemoryError. Bounded to 2 GB here, so that reading it cannot
+    take the machine's memory should it ever be read again."""
+    argv = [command, "/dev/zero"] + (
+        ["--out", str(tmp_path / "r.html")] if command == "report" else []
+    )
+    code, err = _codeclog_bytes(*argv, memory_bytes=2 << 30)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.endswith("cannot read input /dev/zero: a character device, not a file or a pipe\n")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["replay", str(SCENARIO)], ["report", str(SCENARIO), "--out", "{tmp}/r.html"], ["--help"]],
+    ids=["replay", "report", "help"],
+)
+def test_stdout_on_a_full_disk_is_one_line_and_exit_1(argv: list[str], tmp_path: Path) -> None:
+    with open("/dev/full", "wb") as full:
+        code, err = _codeclog_bytes(*(a.format(tmp=tmp_path) for a in argv), stdout=full.fileno())
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.endswith(": cannot write to standard output: no space left on device\n"), err
+
+
+def test_stdout_whose_reader_left_stops_quietly(tmp_path: Path) -> None:
+    """`codeclog ... | head -1`: no traceback, no message. Refused at the last flush, the
+    command's own code (`broker status` still says "stopped"); refused while it runs (a report
+    too long for the buffer), 141."""
+    big = tmp_path / "big.jsonl"
+    lines = (f'{{"request_id": "r{i}", "codes": [1, 2, 3, 4, 5]}}\n' for i in range(300))
+    big.write_text("".join(lines))
+    for argv, expected in (
+        (["replay", str(SCENARIO)], 0),
+        (["broker", "status", "--data-dir", str(tmp_path / "none")], 3),  # "stopped"
+        (["replay", str(big), "--json"], 141),
+    ):
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before anything is written
+        try:
+            code, err = _codeclog_bytes(*argv, stdout=write_end)
+        finally:
+            os.close(write_end)
+        assert (code, err) == (expected, ""), (argv, code, err)
+
+
+def test_a_file_name_that_is_not_utf8_works_and_is_shown_escaped(tmp_path: Path) -> None:
+    """The report's page (and `wrote NAME`) failed to encode the name: a traceback."""
+    name = os.fsencode(tmp_path) + b"/\xff\xfe.jsonl"
+    Path(os.fsdecode(name)).write_bytes(SCENARIO.read_bytes())
+    read_end, write_end = os.pipe()
+    code, err = _codeclog_bytes("report", name, "--out", str(tmp_path / "r.html"), stdout=write_end)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as printed:
+        out = printed.read().decode()
+    assert (code, err) == (0, ""), err
+    assert out.startswith("wrote ") and "\\xff\\xfe.jsonl" not in out  # the output's own name
+    assert "\\xff\\xfe.jsonl" in (tmp_path / "r.html").read_text()
+    missing = os.fsencode(tmp_path) + b"/\xff-missing.jsonl"
+    code, err = _codeclog_bytes("replay", missing)
+    assert code == 2 and err.count("\n") == 1 and "\\xff-missing.jsonl" in err, err
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"request_id": "\\ud800", "codes": [1]}', "lone surrogate U+D800"),
+        ('{"request_id": "a", "codes": [1], "llm_output_text_utf8": "\\udc00"}', "U+DC00"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ],
+    ids=["request_id_surrogate", "text_surrogate", "nested_100000_deep"],
+)
+def test_a_scenario_line_that_cannot_be_an_event_is_one_line(
+    line: str, message: str, tmp_path: Path
+) -> None:
+    """UnicodeEncodeError and RecursionError tracebacks."""
+    scenario = tmp_path / "s.jsonl"
+    scenario.write_text(line + "\n")
+    _assert_one_line_exit_2(_codeclog("replay", str(scenario)), message)

@@ -14,7 +14,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from codeclog.cli.stdout import StdoutError, guarded_stdout, stdout_failed
 from codeclog.errors import EXIT_INTERRUPTED, EXIT_USAGE, CodeclogError, exit_code
+from codeclog.terminal_text import printable
 from codeclog.version import __version__
 
 COMMANDS: tuple[str, ...] = (
@@ -62,7 +64,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    command = "codeclog"
+    code: int | None = None  # the command's exit code, once it has finished
+    with guarded_stdout() as stdout:
+        try:
+            try:
+                args = parser.parse_args(argv)
+                command = command_name(args) if args.command else command
+                code = _run(parser, args)
+            finally:
+                stdout.flush()  # what is still buffered fails here, not at the interpreter's exit
+        except StdoutError as exc:  # one rule for every command (codeclog.cli.stdout)
+            return stdout_failed(exc, command, code)
+    assert code is not None  # parse_args exits (SystemExit) rather than return without one
+    return code
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
@@ -73,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except CodeclogError as exc:  # one rule for every command (README, "Exit codes")
-        print(f"{command_name(args)}: {' '.join(str(exc).split())}", file=sys.stderr)
+        message = printable(" ".join(str(exc).split()))
+        print(f"{command_name(args)}: {message}", file=sys.stderr)
         return exit_code(exc)
 
 

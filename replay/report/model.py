@@ -4,14 +4,21 @@ Every figure comes from the replay itself (`replay.runner.replay`: the report `c
 --json` prints, and its audio) and from the per-record timeline (`report.timeline`); the
 upstream error text is `replay.summary`'s, the divergences are `replay.diff`'s. Nothing here
 decides an outcome.
+
+A page stays one a browser opens in seconds whatever the input's size (docs/report.md, "Size"):
+the outcome table lists at most MAX_LISTED_ISSUES rows (every outcome is counted by kind and
+reason, and every record keeps its mark and its hover text), the per-request table at most
+MAX_LISTED_REQUESTS rows, a timeline of more than LARGE_TIMELINE_MARKS records is drawn as one
+layer per kind, and epoch bands above MAX_EPOCH_BANDS are left out. The page says so each time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from codeclog.consumers.stream.fold.state import Policy
@@ -42,12 +49,18 @@ KIND_COLORS: Mapping[str, str] = {
 }
 assert tuple(KIND_COLORS) == MARK_KINDS
 
+MAX_LISTED_ISSUES = 1_000  # rows of each input's non-clean outcomes in the outcome table
+MAX_LISTED_REQUESTS = 5_000  # rows of each input's per-request table
+LARGE_TIMELINE_MARKS = 20_000  # from here a timeline is drawn as one layer per kind
+MAX_EPOCH_BANDS = 2_000  # (request, epoch) bands a timeline shades
+
 
 @dataclasses.dataclass(frozen=True)
 class ReportOptions:
     policy: Policy = Policy.TOLERANT  # the timeline's, the table's and the statuses' policy
     vocoder: str = VOCODER_NONE  # with a vocoder: audio under tolerant, and strict's if it differs
     kernels: str = "portable"
+    skip_corrupt_blocks: bool = False  # read past a capture's corrupt blocks, and say so
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,11 +130,17 @@ def _view(
     timeline = run.timelines[options.policy]
     rows = sorted({mark.request_id for mark in timeline.marks})
     row_of = {rid: number for number, rid in enumerate(rows)}
+    requests = request_rows(report)
+    epochs = _epoch_bands(timeline.marks, row_of)
+    issue_counts = Counter(
+        (issue.kind, issue.reason) for mark in timeline.marks for issue in mark.issues
+    )
     return {
         "label": run.label,
         "input": report["input"],
         "provenance": _provenance(report.get("provenance")),
-        "requests": [list(row) for row in request_rows(report)],
+        "requests": [list(row) for row in requests[:MAX_LISTED_REQUESTS]],
+        "request_total": len(requests),
         "statuses": _counts(entry["status"] for entry in report["requests"].values()),
         "rejections": _counts(
             outcome["reason"]
@@ -135,9 +154,18 @@ def _view(
         "fatal": _fatal(run),
         "rows": rows,
         "marks": _mark_columns(timeline.marks, row_of),
+        "large": len(timeline.marks) > LARGE_TIMELINE_MARKS,
         "kind_counts": _counts(mark.kind for mark in timeline.marks),
-        "epochs": _epoch_bands(timeline.marks, row_of),
-        "issues": _issues(timeline.marks),
+        "epochs": epochs if len(epochs) <= MAX_EPOCH_BANDS else [],
+        "epoch_total": len(epochs),
+        "issues": list(itertools.islice(_issues(timeline.marks), MAX_LISTED_ISSUES)),
+        "issue_total": sum(issue_counts.values()),
+        "issue_counts": [
+            [kind, reason, count]
+            for (kind, reason), count in sorted(
+                issue_counts.items(), key=lambda kv: (-kv[1], kv[0])
+            )
+        ],
         "divergence_marks": [
             {"index": index, "row": row_of[timeline.marks[index].request_id], "what": d.describe()}
             for d, index in zip(divergences, divergence_marks, strict=True)
@@ -238,7 +266,7 @@ def describe_outcome(outcome: Mapping[str, Any], own_request: str) -> str:
         text = f"hold ({outcome['frames']} ids held)"
     elif kind == "reject":
         details = outcome["details"]
-        text = f"reject {outcome['reason']}" + (f" {details}" if details else "")
+        text = f"reject {outcome['reason']}" + (f" ({_readable(details)})" if details else "")
     elif kind == "gap":
         text = (
             f"gap: seq {outcome['missing_from']}-{outcome['missing_to']} missing "
@@ -252,6 +280,14 @@ def describe_outcome(outcome: Mapping[str, Any], own_request: str) -> str:
     return text if other == own_request else f"{text} [request {other or NO_ID}]"
 
 
+def _readable(details: Mapping[str, Any]) -> str:
+    """`frames 1, minimum 4`: an outcome's details as words, values as JSON writes them."""
+    return ", ".join(
+        f"{key} {value if isinstance(value, str) else _json_text(value)}"
+        for key, value in sorted(details.items())
+    )
+
+
 def _epoch_bands(marks: Sequence[Mark], row_of: Mapping[str, int]) -> list[list[int]]:
     """[row, epoch, first mark, last mark] for every (request, epoch) with a chunk."""
     spans: dict[tuple[str, int], list[int]] = {}
@@ -262,23 +298,22 @@ def _epoch_bands(marks: Sequence[Mark], row_of: Mapping[str, int]) -> list[list[
     return sorted([row_of[rid], epoch, *span] for (rid, epoch), span in spans.items())
 
 
-def _issues(marks: Sequence[Mark]) -> list[dict[str, Any]]:
-    return [
-        {
-            "index": mark.index,
-            "request": issue.request_id,
-            "partition": mark.partition,
-            "offset": mark.offset,
-            "topic": mark.topic,
-            "epoch": issue.cache_epoch,
-            "seq": issue.chunk_seq,
-            "kind": issue.kind,
-            "reason": issue.reason,
-            "details": _json_text(issue.details) if issue.details else "",
-        }
-        for mark in marks
-        for issue in mark.issues
-    ]
+def _issues(marks: Sequence[Mark]) -> Iterator[dict[str, Any]]:
+    """The rows of the outcome table, in input order."""
+    for mark in marks:
+        for issue in mark.issues:
+            yield {
+                "index": mark.index,
+                "request": issue.request_id,
+                "partition": mark.partition,
+                "offset": mark.offset,
+                "topic": mark.topic,
+                "epoch": issue.cache_epoch,
+                "seq": issue.chunk_seq,
+                "kind": issue.kind,
+                "reason": issue.reason,
+                "details": _json_text(issue.details) if issue.details else "",
+            }
 
 
 def _json_text(value: Mapping[str, Any]) -> str:

@@ -1,9 +1,11 @@
 """`codeclog report`'s work: check the output, load the inputs, build the page, write it.
 
 Errors follow the README's rule: an input that cannot be read, is neither a capture nor a
-scenario, or holds no record, and an --out that cannot be created (checked before any replay
-runs, `codeclog.user_files`), are the user's to fix (exit 2); a write that fails after that
-(a full disk) is a failure (exit 1).
+scenario, or holds no record, and an --out that cannot or must not be written (checked before
+any replay runs, `codeclog.user_files.check_replaceable`: a new file, or a regular, writable
+file that is none of the inputs; a symbolic link is followed), are the user's to fix (exit 2);
+a write that fails after that (a full disk) is a failure (exit 1). The page is written beside
+the file it replaces and renamed over it: a reader sees the old page or the new one, whole.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from codeclog.replay.errors import InputFormatError, ReplayError, ReplayOptionEr
 from codeclog.replay.inputs import ReplayInput, load_input
 from codeclog.replay.report.model import ReportOptions, build_page, run_input
 from codeclog.replay.report.render import render_page
-from codeclog.user_files import check_creatable
+from codeclog.user_files import check_replaceable
 from codeclog.version import __version__
 
 LABELS = ("A", "B")
@@ -35,11 +37,12 @@ class WrittenReport:
     records: int  # over every input
     requests: int  # distinct request ids, over every input
     fatal: str  # the strict policy's verdict on the first input, in a few words
+    skipped_blocks: int = 0  # corrupt capture blocks skipped, over every input
 
 
-def load_report_input(path: str | Path) -> ReplayInput:
+def load_report_input(path: str | Path, skip_corrupt_blocks: bool = False) -> ReplayInput:
     """A capture or a scenario with at least one record."""
-    source = load_input(path)
+    source = load_input(path, skip_corrupt_blocks)
     if not (source.records or source.events):
         raise InputFormatError(f"{path} holds no records: there is nothing to report")
     return source
@@ -48,14 +51,14 @@ def load_report_input(path: str | Path) -> ReplayInput:
 def write_report(inputs: Sequence[str | Path], out: Path, options: ReportOptions) -> WrittenReport:
     if not 1 <= len(inputs) <= len(LABELS):
         raise ReplayOptionError(f"give one or two inputs, not {len(inputs)}")
-    check_creatable(out, "--out file")
-    sources = [load_report_input(path) for path in inputs]
+    target = check_replaceable(out, "--out file", inputs)
+    sources = [load_report_input(path, options.skip_corrupt_blocks) for path in inputs]
     runs = [
         run_input(label, source, options) for label, source in zip(LABELS, sources, strict=False)
     ]
     page = build_page(runs, options, __version__)
     data = render_page(page).encode("utf-8")
-    _write_atomically(out, data)
+    _write_atomically(target, data)
     fatal = page["inputs"][0]["fatal"]
     return WrittenReport(
         out,
@@ -63,17 +66,20 @@ def write_report(inputs: Sequence[str | Path], out: Path, options: ReportOptions
         records=sum(len(view["marks"]["row"]) for view in page["inputs"]),
         requests=len({rid for view in page["inputs"] for rid in view["rows"]}),
         fatal=f"strict dies with {fatal['reason']} at {fatal['request_id']}" if fatal else "",
+        skipped_blocks=sum(len(source.skipped) for source in sources),
     )
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    """Write beside `path`, then rename: a reader never sees half a report."""
+    """Write beside `path`, then rename: a reader never sees half a report. A file replaced
+    keeps its permissions; a new one gets what a plain open() would have given it."""
     temporary = None
     try:
+        mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".report-", delete=False) as tmp:
             temporary = Path(tmp.name)
             tmp.write(data)
-        temporary.chmod(0o666 & ~_umask())  # as a plain open() would have made it, not 0600
+        temporary.chmod(mode)  # not NamedTemporaryFile's 0600
         os.replace(temporary, path)
     except OSError as exc:
         if temporary is not None:

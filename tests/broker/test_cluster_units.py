@@ -76,9 +76,14 @@ def test_sizes_and_single_node_dirs_are_refused(tmp_path: Path) -> None:
         LocalCluster(tmp_path, 3).start()
 
 
-def test_node_actions_need_a_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["broker", "kill", "--node", "1", "--data-dir", str(tmp_path)]) == 1
-    assert "holds no local cluster" in capsys.readouterr().err
+@pytest.mark.parametrize("action", ["kill", "pause", "resume", "restart"])
+def test_node_actions_need_a_cluster(
+    action: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A usage error, exit 2, as `net` says for the same mistake (issue 41: it was exit 1)."""
+    assert main(["broker", action, "--node", "1", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds no local cluster" in err and err.count("\n") == 1, err
 
 
 def test_help_states_the_memory(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 from pathlib import Path
 
 import fastavro
@@ -11,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from codeclog.replay.capture_blocks import CorruptBlockError
 from codeclog.replay.capture_format import (
+    CAPTURE_SCHEMA,
     CapturedRecord,
     CaptureFormatError,
     CaptureMetadata,
@@ -194,3 +197,119 @@ def test_a_jsonl_file_is_not_a_capture(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     path.write_text('{"request_id": "a", "codes": [0]}\n')
     assert not is_capture_file(path)
+
+
+# ----------------------------------------------------------------------------- issue 41
+# A corrupt block anywhere but a torn end is an error naming it (or skipped on request); a
+# header or schema that is not the capture's is refused in one sentence naming what is wrong.
+
+
+def _blocks(data: bytes) -> list[tuple[int, int]]:
+    """(offset, size) of every block of a capture's bytes."""
+    return [(block.offset, block.size) for block in fastavro.block_reader(io.BytesIO(data))]
+
+
+def _flipped(data: bytes, position: int) -> bytes:
+    damaged = bytearray(data)
+    damaged[position] ^= 0x20
+    return bytes(damaged)
+
+
+def test_a_flipped_byte_in_a_middle_block_is_an_error_naming_the_block() -> None:
+    """It was read as "the last block torn": 101 of 2,943 records, exit 0."""
+    records = [_record(offset) for offset in range(12)]
+    data = _written(records, every=4)
+    (_, _), (offset, size), _ = _blocks(data)
+    for position in range(offset + 2, offset + size, 3):  # every few bytes of block 2
+        with pytest.raises(CorruptBlockError) as error:
+            _read(_flipped(data, position))
+        assert (error.value.number, error.value.offset) == (2, offset)
+        assert f"block #2 (at byte {offset}) is corrupt" in str(error.value)
+
+
+def test_a_corrupt_block_can_be_skipped_and_is_counted() -> None:
+    records = [_record(offset) for offset in range(12)]
+    data = _written(records, every=4)
+    (_, _), (offset, size), _ = _blocks(data)
+    reader = CaptureReader(io.BytesIO(_flipped(data, offset + size // 2)), skip_corrupt=True)
+    assert list(reader.records()) == records[:4] + records[8:]
+    [skipped] = reader.skipped
+    assert (skipped.number, skipped.offset, skipped.size) == (2, offset, size)
+    assert not reader.truncated
+
+
+def test_a_damaged_last_block_that_is_whole_is_corrupt_not_torn() -> None:
+    """Torn means cut short: a last block that ends with its sync marker and does not read is
+    damaged, and says so."""
+    records = [_record(offset) for offset in range(12)]
+    data = _written(records, every=4)
+    *_, (offset, size) = _blocks(data)
+    with pytest.raises(CorruptBlockError, match="block #3"):
+        _read(_flipped(data, offset + size // 2))
+
+
+def test_a_size_that_runs_past_the_next_block_is_corrupt_not_torn() -> None:
+    records = [_record(offset) for offset in range(12)]
+    data = _written(records, every=4)
+    (_, _), (offset, _), _ = _blocks(data)
+    count_length = 1  # 4 records: one varint byte; the size's varint follows it
+    grown = data[: offset + count_length] + b"\xfe\xff\x7f" + data[offset + count_length + 2 :]
+    with pytest.raises(CorruptBlockError, match="block #2"):
+        _read(grown)
+
+
+def _raw_capture(
+    schema: dict[str, object], records: list[dict[str, object]], **meta: str
+) -> io.BytesIO:
+    """An Avro container with `schema`, `records` and the capture header, `meta` replacing
+    header values."""
+    header = {**METADATA.to_avro_metadata(), **meta}
+    buffer = io.BytesIO()
+    fastavro.writer(buffer, schema, records, codec="deflate", metadata=header)
+    buffer.seek(0)
+    return buffer
+
+
+def _schema_without(*names: str, **types: object) -> dict[str, object]:
+    fields = [
+        {**field, "type": types.get(field["name"], field["type"])}
+        for field in CAPTURE_SCHEMA["fields"]
+        if field["name"] not in names
+    ]
+    return {**CAPTURE_SCHEMA, "fields": fields}
+
+
+def test_a_capture_whose_records_lack_fields_is_refused_naming_them() -> None:
+    """It was a KeyError traceback."""
+    raw = {k: v for k, v in _record(1).to_avro().items() if k not in ("key", "headers")}
+    with pytest.raises(CaptureFormatError, match=r"lack the field\(s\) key, headers"):
+        CaptureReader(_raw_capture(_schema_without("key", "headers"), [raw]))
+
+
+def test_a_capture_whose_partition_and_offset_are_strings_is_refused() -> None:
+    """It was accepted: the report said "partition p0"."""
+    raw = {**_record(1).to_avro(), "partition": "p0", "offset": "x"}
+    schema = _schema_without(partition="string", offset="string")
+    with pytest.raises(CaptureFormatError, match='partition is "string", not "int"'):
+        CaptureReader(_raw_capture(schema, [raw]))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("capture.request_filter", "[1, 2]", "capture.request_filter is malformed: expected a str"),
+        ("kafka.offsets", '{"0": {"start": 1e400, "end": 2}}', "expected an integer, got inf"),
+        ("kafka.offsets", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ("client.versions", '{"a":' * 100_000 + "1" + "}" * 100_000, "nested too deeply"),
+        ("kafka.offsets", '{"p0": {"start": 0, "end": 1}}', "expected a partition number"),
+        ("kafka.partition_count", '"8"', "kafka.partition_count is malformed"),
+    ],
+    ids=["filter_of_ints", "offset_1e400", "nested_offsets", "nested_versions",
+         "partition_name", "count_as_text"],
+)  # fmt: skip
+def test_a_malformed_header_value_is_refused_naming_its_key(
+    key: str, value: str, message: str
+) -> None:
+    """Each was a traceback (TypeError in the report, OverflowError, RecursionError)."""
+    with pytest.raises(CaptureFormatError, match=re.escape(message)):
+        CaptureReader(_raw_capture(CAPTURE_SCHEMA, [_record(1).to_avro()], **{key: value}))

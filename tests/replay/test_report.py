@@ -18,9 +18,11 @@ import pytest
 
 from codeclog.consumers.stream.fold.state import Policy
 from codeclog.replay.inputs import ReplayInput, load_input
+from codeclog.replay.report import model
 from codeclog.replay.report.audio import clip_of, peaks
 from codeclog.replay.report.model import ReportOptions, build_page, run_input
-from codeclog.replay.report.timeline import NO_ID, Timeline, build_timeline
+from codeclog.replay.report.render import render_page
+from codeclog.replay.report.timeline import CLEAN_KINDS, NO_ID, Timeline, build_timeline
 from codeclog.replay.report.writer import write_report
 from codeclog.replay.runner import ReplayOptions, replay
 from codeclog.replay.summary import format_summary
@@ -198,3 +200,79 @@ def test_a_record_without_request_id_has_its_own_row(tmp_path: Path) -> None:
     view = build_page([run_input("A", load_input(scenario), options)], options, "t")["inputs"][0]
     assert view["rows"] == [NO_ID, "r1"] and view["marks"]["row"] == [1, 0]
     assert [(i["request"], i["reason"]) for i in view["issues"]] == [(NO_ID, "missing_request_id")]
+
+
+# ----------------------------------------------------------------------------- issue 41
+
+
+def _damaged_capture(tmp_path: Path, records: int, damaged: int) -> Path:
+    """A capture of `records` records whose first `damaged` values no decoder reads: each is a
+    non-clean record (a dead letter before the fold), cheap to replay."""
+    events = realistic_events(random.Random(3), sessions=records // 15, turns=3)[:records]
+    assert len(events) == records
+    path = tmp_path / f"damaged-{damaged}.ocf"
+    write_events(path, events, 4, damaged={i: b"not avro" for i in range(damaged)})
+    return path
+
+
+def test_a_page_of_thousands_of_non_clean_records_lists_some_counts_all_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """83,533 non-clean outcomes made an 83.6 MB page Chromium could not open: about 570 bytes
+    each, mostly their table rows. The table now lists MAX_LISTED_ISSUES of them, counts all,
+    and the page says so; what each non-clean record still adds (its mark) stays small."""
+    sizes, non_clean = {}, {}
+    for damaged in (1_500, 3_000):
+        path = _damaged_capture(tmp_path, 3_100, damaged)
+        options = ReportOptions()
+        page = build_page([run_input("A", load_input(path), options)], options, "t")
+        view = page["inputs"][0]
+        total = view["issue_total"]
+        assert len(view["issues"]) == model.MAX_LISTED_ISSUES < damaged <= total
+        assert ["rejected", "undecodable_record", damaged] in view["issue_counts"]
+        assert sum(count for *_, count in view["issue_counts"]) == total
+        html = render_page(page)
+        assert f"{total} non-clean outcomes: the first {model.MAX_LISTED_ISSUES}" in " ".join(
+            html.split()
+        )
+        assert html.count("<tr data-kind=") == model.MAX_LISTED_ISSUES
+        sizes[damaged] = len(html.encode())
+        non_clean[damaged] = sum(n for k, n in view["kind_counts"].items() if k not in CLEAN_KINDS)
+    per_record = (sizes[3_000] - sizes[1_500]) / (non_clean[3_000] - non_clean[1_500])
+    assert per_record < 100, f"{per_record:.0f} bytes per non-clean record beyond the listed ones"
+
+
+def test_a_large_timeline_is_drawn_in_layers_and_too_many_bands_are_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(model, "LARGE_TIMELINE_MARKS", 2)
+    monkeypatch.setattr(model, "MAX_EPOCH_BANDS", 0)
+    source = load_input(SCENARIOS[1])
+    page = build_page([run_input("A", source, ReportOptions())], ReportOptions(), "t")
+    view = page["inputs"][0]
+    assert view["large"] and view["epochs"] == [] and view["epoch_total"] > 0
+    text = " ".join(render_page(page).split())
+    assert "drawn as one layer per kind" in text and "epoch bands are too many to shade" in text
+
+
+def test_tooltips_word_an_outcomes_details_not_as_a_python_dict() -> None:
+    """A rejection's hover text was `reject chunk_below_lookahead_window {'frames': 1, ...}`."""
+    source = load_input(SCENARIOS[2])  # 03: strict rejects a chunk below the lookahead window
+    options = ReportOptions(Policy.STRICT)
+    page = build_page([run_input("A", source, options)], options, "t")
+    whats = [w for w in page["inputs"][0]["marks"]["what"] if w.startswith("reject")]
+    assert whats and not any("{'" in w or "': " in w for w in whats), whats
+    assert any("(frames 1, minimum 4" in w for w in whats), whats
+
+
+def test_a_long_request_id_is_cut_short_in_the_page_and_whole_in_its_title(
+    tmp_path: Path,
+) -> None:
+    rid = "x" * 3_000
+    scenario = tmp_path / "long.jsonl"
+    scenario.write_text(json.dumps({"request_id": rid, "codes": [1]}) + "\n")
+    out = tmp_path / "long.html"
+    write_report([scenario], out, ReportOptions())
+    html = out.read_text()
+    assert f'<span class="rid" title="{rid}">{rid}</span>' in html
+    assert 'class="rid"' in html and re.search(r"\.rid \{[^}]*text-overflow: ellipsis", html)

@@ -20,13 +20,14 @@ import pytest
 from PIL import Image
 
 from codeclog.consumers.stream.fold.state import Policy
+from codeclog.devtools.browser import Browser, Page, find_browser
 from codeclog.replay.inputs import load_input
+from codeclog.replay.report import model
 from codeclog.replay.report.model import InputRun, ReportOptions, build_page, run_input
 from codeclog.replay.report.render import render_page
 from codeclog.replay.report.timeline import MARK_KINDS
 from codeclog.replay.report.writer import write_report
 from codeclog.replay.runner import ReplayResult
-from tests.replay.browser import Browser, Page, find_browser
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "data" / "scenarios").glob("*.jsonl"))
 READY = "document.body.dataset.ready === '1'"
@@ -172,4 +173,46 @@ def test_a_vocoded_report_plays_each_policys_audio(browser: Browser, tmp_path: P
         "strict (up to the fatal point)",
     ]
     assert page.evaluate("document.querySelectorAll('audio').length") == 2
+    page.close()
+
+
+def test_a_long_request_id_does_not_widen_the_page(browser: Browser, tmp_path: Path) -> None:
+    """A 3,000-character request id made the page 23,864 px wide; it is cut short, whole in
+    its tooltip (`title`)."""
+    rid = "r" * 3_000
+    scenario = tmp_path / "long.jsonl"
+    lines = [{"request_id": rid, "codes": [1]}, {"request_id": rid, "codes": [1, 2, 3, 4, 5]}]
+    scenario.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "long.html"
+    write_report([scenario], out, ReportOptions(Policy.STRICT))
+    page = _open(browser, out)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    titles = page.evaluate("Array.from(document.querySelectorAll('.rid'), e => e.title)")
+    assert titles and set(titles) == {rid}
+    page.close()
+
+
+def test_a_timeline_drawn_in_layers_still_shows_a_record_on_hover(
+    browser: Browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above LARGE_TIMELINE_MARKS records (a 146,000-record capture: bench/bench_report.py)
+    the marks are drawn as one layer per kind; a real mouse over a mark shows its record."""
+    monkeypatch.setattr(model, "LARGE_TIMELINE_MARKS", 0)
+    out = tmp_path / "large.html"
+    write_report([SCENARIOS[1]], out, ReportOptions())
+    page = _open(browser, out)
+    [timeline] = _timelines(page)
+    assert timeline["mode"] == "large" and timeline["drawn"] == timeline["records"] == "5"
+    x, y = page.evaluate(
+        """(() => { const box = document.getElementById('timeline-0').getBoundingClientRect();
+        const at = codeclogCharts[0].convertToPixel({seriesIndex: 0}, [3, 0]);
+        return [box.left + at[0], box.top + at[1]]; })()"""
+    )
+    page.move_mouse(x, y)
+    tip = page.evaluate(
+        """new Promise(done => setTimeout(() => done(Array.from(
+        document.querySelectorAll('.timeline div')).map(d => d.innerText)
+        .find(t => t.includes('record #')) || ''), 200))"""
+    )
+    assert "record #3" in tip and "request r1" in tip, tip
     page.close()

@@ -46,6 +46,7 @@ from codeclog.errors import (
     EXIT_FAILURE,
     CodeclogError,
     ConfigError,
+    UsageError,
     exit_code,
 )
 from codeclog.paths import ENV_DATA_DIR, default_data_dir
@@ -417,10 +418,15 @@ def format_cluster_status(
     return "\n".join(lines)
 
 
+class NoClusterError(ClusterError, UsageError):
+    """A node action (kill, pause, ...) on a data dir without a local cluster: a usage error
+    (exit 2), as `net` says for the same mistake."""
+
+
 def _node_action(args: argparse.Namespace) -> int:
     action = args.broker_action
     if not LocalCluster.holds_cluster(_data_dir(args)):
-        raise ClusterError(
+        raise NoClusterError(
             f"{_data_dir(args)} holds no local cluster (`codeclog broker start --nodes 3`); "
             f"`{action} --node` acts on one node of a cluster"
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -269,9 +268,6 @@ def _guarded(
         except CodeclogError as exc:
             print(f"codeclog {name}: {exc}", file=sys.stderr)
             return exit_code(exc)  # a usage error (e.g. the port is taken) is 2
-        except BrokenPipeError:  # `codeclog lag --watch | head`: the reader left, not an error
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
 
     return run
 

@@ -56,8 +56,8 @@ examples:
   codeclog replay incident.ocf --to-topic codec.chunks.rerun   # feed a live consumer again
 
 exit status: 0 when the replay ran (whatever the verdict); 1 on a failure (the cluster, for
---to-topic); 2 on a usage error (options, an unreadable or invalid INPUT, a refusal by the
-cluster's auth).
+--to-topic); 2 on a usage error (options, an unreadable or invalid INPUT, a capture block that is
+corrupt without --skip-corrupt-blocks, a refusal by the cluster's auth).
 """
 
 
@@ -91,6 +91,12 @@ def register(subparsers: Subparsers) -> None:
         "domain",
     )
     add_flag(parser, "--json", help="print the report as JSON")
+    add_flag(
+        parser,
+        "--skip-corrupt-blocks",
+        help="read past a capture's corrupt blocks; the report counts what was skipped "
+        "(default: a corrupt block is an error naming it)",
+    )
     parser.add_argument(
         "--workers",
         type=int,
@@ -153,7 +159,7 @@ def _replay(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.wav_dir is not None:
         make_folder(args.wav_dir, "--wav-dir folder")  # before the replay, not after it
-    source = load_input(args.input)
+    source = load_input(args.input, args.skip_corrupt_blocks)
     options = ReplayOptions(
         Policy(args.policy),
         args.vocoder,
@@ -177,7 +183,7 @@ def _republish(args: argparse.Namespace) -> int:
     from codeclog.replay.inputs import load_input
     from codeclog.replay.republish import run_republish, scenario_records
 
-    source = load_input(args.input)
+    source = load_input(args.input, args.skip_corrupt_blocks)
     records: Any = source.records if source.metadata is not None else scenario_records(source)
     summary = run_republish(
         kafka_client_config(args), args.to_topic, records, keep_timestamps=args.keep_timestamps

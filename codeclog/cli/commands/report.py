@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from codeclog.cli.parsing import Subparsers, add_command, add_offline_vocoder_args
+from codeclog.cli.parsing import Subparsers, add_command, add_flag, add_offline_vocoder_args
+from codeclog.terminal_text import printable
 
 DESCRIPTION = """\
 Replay INPUT (a capture file or a JSONL scenario, as `codeclog replay` takes) and write one
@@ -33,8 +34,12 @@ examples:
   codeclog report failure.ocf --vocoder tiny --out failure.html      # with the audio
   codeclog report before.ocf after.ocf --out diff.html               # two inputs
 
-exit status: 0 written; 2 an input that cannot be read, is not a capture or a scenario or holds
-no record, or an --out that cannot be written; 1 any other failure.
+--out is a new file or a regular file to replace (atomically; a symbolic link is followed); it is
+never one of the inputs, a folder, a device or a read-only file.
+
+exit status: 0 written; 2 an input that cannot be read, is not a capture or a scenario, holds
+no record or has a corrupt block (without --skip-corrupt-blocks), or an --out that cannot or
+must not be written; 1 any other failure.
 """
 
 
@@ -65,6 +70,12 @@ def register(subparsers: Subparsers) -> None:
         kernels_help="with --vocoder: portable (default, the same bytes on every x86-64 CPU) "
         "or native",
     )
+    add_flag(
+        parser,
+        "--skip-corrupt-blocks",
+        help="read past a capture's corrupt blocks; the page and the summary count what was "
+        "skipped (default: a corrupt block is an error naming it)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -75,13 +86,15 @@ def run(args: argparse.Namespace) -> int:
     from codeclog.replay.report.writer import write_report
 
     inputs = [args.input] if args.input2 is None else [args.input, args.input2]
-    options = ReportOptions(Policy(args.policy), args.vocoder, args.kernels)
-    written = write_report(inputs, args.out, options)
-    verdict = f"; {written.fatal}" if written.fatal else ""
-    print(
-        f"wrote {written.path} ({written.size_bytes / 1e6:.2f} MB): "
-        f"{_count(written.records, 'record')}, {_count(written.requests, 'request')}{verdict}"
+    options = ReportOptions(
+        Policy(args.policy), args.vocoder, args.kernels, args.skip_corrupt_blocks
     )
+    written = write_report(inputs, args.out, options)
+    notes = [_count(written.records, "record"), _count(written.requests, "request")]
+    if written.skipped_blocks:
+        notes.append(f"{_count(written.skipped_blocks, 'corrupt block')} skipped")
+    text = f"wrote {written.path} ({written.size_bytes / 1e6:.2f} MB): {', '.join(notes)}"
+    print(printable(text + (f"; {written.fatal}" if written.fatal else "")))
     return 0
 
 

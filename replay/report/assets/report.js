@@ -5,11 +5,18 @@
   var data = JSON.parse(document.getElementById('report-data').textContent);
   var ROW_PX = 24;
   var MAX_ROWS_SHOWN = 30;
+  var LABEL_CHARS = 32;  // a request id on the request axis, cut short beyond this
+  var TIP_CHARS = 120;  // a request id or an outcome in a tooltip
 
   function esc(text) {
     return String(text).replace(/[&<>"']/g, function (c) {
       return { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c];
     });
+  }
+
+  function shorten(text, chars) {
+    text = String(text);
+    return text.length <= chars ? text : text.slice(0, chars - 1) + '\u2026';
   }
 
   function recordText(view, i) {
@@ -19,24 +26,27 @@
       : 'scenario event #' + m.offset[i];
     var lines = [
       '<b>record #' + i + '</b> · ' + esc(where),
-      'request <b>' + esc(view.rows[m.row[i]]) + '</b>',
+      'request <b>' + esc(shorten(view.rows[m.row[i]], TIP_CHARS)) + '</b>',
       m.epoch[i] === null ? 'no stream position (' + esc(m.flags[i] || 'not a codec chunk') + ')'
         : 'epoch ' + m.epoch[i] + ' · chunk_seq ' + m.seq[i] + ' · frames ' + m.frames[i],
       'flags: ' + esc(m.flags[i] || '-'),
-      'outcome: <b>' + esc(data.kinds[m.kind[i]].name) + '</b>' + (m.what[i] ? ' — ' + esc(m.what[i]) : '')
+      'outcome: <b>' + esc(data.kinds[m.kind[i]].name) + '</b>' +
+        (m.what[i] ? ' — ' + esc(shorten(m.what[i], 3 * TIP_CHARS)) : '')
     ];
     return lines.join('<br>');
   }
 
-  function countMarks(chart) {
-    // [records in the chart's data, marks ECharts drew for them (one graphic element each);
-    // fewer are drawn only when the request axis is zoomed to part of its rows]
+  function countMarks(chart, large) {
+    // [records in the chart's data, marks ECharts drew for them (one graphic element each;
+    // in large mode one path per kind draws them all); fewer are drawn only when the request
+    // axis is zoomed to part of its rows]
     var given = 0;
     var drawn = 0;
     chart.getModel().eachSeries(function (series) {
       if (String(series.id).indexOf('kind:') !== 0) { return; }
       var list = series.getData();
       given += list.count();
+      if (large) { drawn += list.count(); return; }
       for (var i = 0; i < list.count(); i++) {
         if (list.getItemGraphicEl(i)) { drawn++; }
       }
@@ -49,16 +59,21 @@
     var n = m.row.length;
     var rows = view.rows;
     var shown = Math.min(rows.length, MAX_ROWS_SHOWN);
-    var labelWidth = Math.min(260, 16 + 7 * rows.reduce(function (w, r) { return Math.max(w, r.length); }, 4));
+    var labelWidth = Math.min(260, 16 + 7 * rows.reduce(function (w, r) {
+      return Math.max(w, Math.min(r.length, LABEL_CHARS));
+    }, 4));
     element.style.height = (shown * ROW_PX + 130) + 'px';
     var byKind = data.kinds.map(function () { return []; });
     for (var i = 0; i < n; i++) { byKind[m.kind[i]].push([i, m.row[i]]); }
     var series = data.kinds.map(function (kind, k) {
+      var large = view.large && byKind[k].length > 0;  // ECharts' large path fails when empty
       return {
         id: 'kind:' + kind.name, name: kind.name, type: 'scatter', data: byKind[k],
-        symbolSize: 10, itemStyle: { color: kind.color, borderColor: '#ffffff', borderWidth: 0.5 },
-        large: false, progressive: 0, animation: false, z: 3,
-        emphasis: { scale: 1.6 }
+        symbolSize: large ? 6 : 10,
+        itemStyle: { color: kind.color, borderColor: '#ffffff', borderWidth: large ? 0 : 0.5 },
+        // large: one path per kind, hit-tested for the tooltip (many thousands of marks)
+        large: large, largeThreshold: 0, progressive: 0, animation: false, z: 3,
+        emphasis: { scale: large ? false : 1.6 }
       };
     });
     var bands = view.epochs.map(function (band) {
@@ -116,16 +131,19 @@
       yAxis: {
         type: 'value', inverse: true, min: -1, max: rows.length, interval: 1,
         axisLine: { onZero: false },
-        axisLabel: { formatter: function (v) { return Number.isInteger(v) && rows[v] !== undefined ? rows[v] : ''; },
+        axisLabel: { formatter: function (v) {
+                       return Number.isInteger(v) && rows[v] !== undefined ? shorten(rows[v], LABEL_CHARS) : '';
+                     },
                      fontFamily: 'monospace' },
         splitLine: { show: true, lineStyle: { color: '#eef1f4' } }, axisTick: { show: false }
       },
       dataZoom: zoom,
       series: series
     });
-    var counts = countMarks(chart);
+    var counts = countMarks(chart, view.large);
     element.dataset.marks = String(counts[0]);
     element.dataset.drawn = String(counts[1]);
+    element.dataset.mode = view.large ? 'large' : 'marks';
     window.addEventListener('resize', function () { chart.resize(); });
     return chart;
   }

@@ -1,4 +1,5 @@
-"""A headless Chromium driven over the DevTools protocol, for the report's browser tests.
+"""A headless Chromium driven over the DevTools protocol: the report's browser tests and its
+benchmark (bench/bench_report.py) open pages with it.
 
 The browser is Debian's `chromium` (scripts/bootstrap.sh installs it); the protocol runs over a
 pipe (`--remote-debugging-pipe`: file descriptors 3 and 4, one JSON message per NUL-terminated
@@ -177,6 +178,12 @@ class Page:
         if "exceptionDetails" in result:
             raise BrowserError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
+
+    def move_mouse(self, x: float, y: float) -> None:
+        """Move the mouse to (x, y) in the viewport, as a user's hand would (hover)."""
+        self._browser.call(
+            "Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y}, self._session
+        )
 
     def screenshot(self, full_page: bool = False) -> bytes:
         """A PNG of the viewport, or of the whole page."""
