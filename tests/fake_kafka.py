@@ -58,7 +58,9 @@ class FakeTransactional:
     def produce(self, topic: str, key: bytes, value: bytes, **kwargs: object) -> None:
         self.produced.append((topic, value))
 
-    def send_offsets_to_transaction(self, positions: object, metadata: object, timeout: float) -> None:
+    def send_offsets_to_transaction(
+        self, positions: object, metadata: object, timeout: float
+    ) -> None:
         return None
 
     def commit_transaction(self, timeout: float) -> None:

@@ -10,7 +10,7 @@ the chunk topic holds exactly the records published (no loss, no producer duplic
 `verify` finds every expected audio window exactly once and byte-identical. Then the reduced
 fault matrix (codeclog.devtools.faults, which `python -m bench.faults` runs whole): two
 `codeclog vocode` members and a realtime talker through a member SIGKILLed during a leader
-failover.
+failover, and through a delayed write, with a speculative listener following the audio.
 """
 
 from __future__ import annotations
@@ -220,3 +220,8 @@ def test_fault_matrix_loses_and_duplicates_nothing(
     assert row.dead_letters == 0, row
     assert not any(row.anomalies.values()), (row.anomalies, row.examples)
     assert row.what != "(not injected)", row
+    # a speculative listener through the fault: every committed window once, its bytes, each
+    # confirmed, nothing the committed copy lacks, most of them heard from the live copy
+    listener = row.listener
+    assert listener["ok"] and listener["played"] == row.expected_windows, listener
+    assert listener["heard_live"] > 0, listener

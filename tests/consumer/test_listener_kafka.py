@@ -1,5 +1,5 @@
 """The listener on the real broker: speculative and committed listeners through SIGKILLs of the
-consumer, aborted transactions seen by a read_uncommitted reader, and a listener started
+consumer and a fenced member, live copies of aborted transactions, and a listener started
 mid-stream. The oracle is verify's offline replay of the chunk topic."""
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ class Follower(threading.Thread):
         self.listener = listener
         self.delivered: list[ListenerChunk] = []
         self.finish = threading.Event()
-        self.check = threading.Event()  # set: report in `caught` once caught up with the log
-        self.caught = threading.Event()
         self.error: BaseException | None = None
         listener.start()
 
@@ -54,9 +52,6 @@ class Follower(threading.Thread):
         try:
             while True:
                 self.delivered += self.listener.poll(0.1)
-                if self.check.is_set() and self.listener.caught_up():
-                    self.check.clear()
-                    self.caught.set()
                 if self.finish.is_set() and self.listener.caught_up():
                     self.delivered += self.listener.poll(0.5)  # what was fetched meanwhile
                     if self.listener.caught_up():
@@ -154,9 +149,11 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     stack: Any, tiny_engine: Any
 ) -> None:
     """Two SIGKILLs of the consumer: one at a random point after its recovery, one frozen
-    (SIGSTOP) inside an open audio transaction once the speculative listener has read it, so
-    that listener certainly played windows of a transaction that then aborted. Both listeners
-    then hold every window of verify's replay exactly once, with its bytes."""
+    (SIGSTOP) inside an open audio transaction once the speculative listener has played the
+    live copies of windows the committed copy does not hold yet, so that listener certainly
+    played windows of a transaction that then aborted. Both listeners then hold every window of
+    verify's replay exactly once, with its bytes, and every window the speculative one played
+    is confirmed by its committed copy."""
     speculative = Follower(_listener(stack, Isolation.SPECULATIVE))
     committed = Follower(_listener(stack, Isolation.COMMITTED))
     speculative.start()
@@ -190,9 +187,14 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
             break
         second.send_signal(signal.SIGCONT)
     budget.mark("second consumer frozen inside an open transaction")
-    speculative.check.set()
-    budget.wait("the speculative listener reading the open transaction",
-                speculative.caught.is_set)  # fmt: skip
+    uncommitted = windows_on(stack, stack.topics.live) - windows_on(stack, stack.topics.audio)
+    assert uncommitted, "no live copy ahead of the committed audio"
+
+    def heard() -> set[Key]:
+        return {(c.request_id, c.cache_epoch, c.window_index) for c in speculative.delivered}
+
+    budget.wait("the speculative listener playing the live copies",
+                lambda: uncommitted <= heard())  # fmt: skip
     second.send_signal(signal.SIGKILL)
     second.wait()
     budget.mark("second consumer killed inside an open transaction")
@@ -217,6 +219,9 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
         stats = follower.listener.stats
         assert stats.mismatches == 0 and stats.corrupt == 0 and stats.gap_windows == 0
     assert speculative.listener.stats.duplicates > 0  # it played windows of an aborted step
+    assert uncommitted <= set(expected)  # the committed copy ends up holding what was heard
+    for follower in (speculative, committed):
+        assert follower.listener.stats.confirmed == len(expected)
     assert committed.listener.stats.duplicates == 0  # the service writes each window once
 
 
