@@ -37,31 +37,32 @@ import dataclasses
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from bench.bench_consumer import InstantEngine, ListenerProbe
 from bench.bench_listener_floor import measure as floor_latencies
+from bench.local_broker import Cluster, local_cluster
 from codeclog.schemas.records import SAMPLE_RATE_HZ
 
 WARMUP_S = 3.0  # a member row's first seconds are not counted (group join, producer ids)
 WINDOW_S = 1.0  # audio per record the floor writes (48 KB: a second of 24 kHz s16le)
 
 
-@dataclasses.dataclass
 class Broker:
-    bootstrap: str
-    pid: int | None = None  # the JVM, when this script started it
-    log_dirs: Path | None = None
+    """The cluster of the run; with the broker's pid and log dirs when this script started it."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.bootstrap = cluster.bootstrap
+        self.pid = cluster.pid
+        self.log_dirs = cluster.log_dirs
 
     def cpu_s(self) -> float:
+        """The broker JVM's CPU seconds so far (utime + stime), NaN when not known."""
         if self.pid is None:
             return float("nan")
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -82,23 +83,6 @@ class Broker:
             if folder.is_dir() and folder.name.rsplit("-", 1)[0] in prefixes:
                 total += sum(f.stat().st_size for f in folder.glob("*.log"))
         return total
-
-
-@contextmanager
-def broker_for(bootstrap: str | None) -> Iterator[Broker]:
-    if bootstrap:
-        yield Broker(bootstrap)
-        return
-    from codeclog.devtools.broker import BrokerSettings, LocalBroker
-
-    with tempfile.TemporaryDirectory(prefix="codeclog-bench-") as tmp:
-        local = LocalBroker(Path(tmp), BrokerSettings(die_with_parent=True))
-        print("starting a local broker ...", file=sys.stderr)
-        state = local.start(lambda message: print(f"  {message}", file=sys.stderr))
-        try:
-            yield Broker(state.bootstrap, state.pid, local.log_dirs)
-        finally:
-            local.stop()
 
 
 INTERNAL = ("__transaction_state", "__consumer_offsets")
@@ -272,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     print(f"load before: {_load()}", flush=True)
-    with broker_for(args.bootstrap) as broker:
+    with local_cluster(args.bootstrap) as found:
+        broker = Broker(found)
         floor_row(broker, args.streams, args.warm_s)
         member_row(broker, args.streams, args.warm_s, not args.no_live)
         pairs: list[tuple[Row, Row]] = []

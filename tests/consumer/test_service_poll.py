@@ -145,17 +145,23 @@ def _step(name: str) -> StepWrites:
     return StepWrites([Write("audio", name, name.encode())], [], [], None)
 
 
-def test_steps_queued_during_a_transaction_go_into_the_next_one_together() -> None:
-    """The member never waits for a transaction: steps queue while one commits and the writer
-    takes them all into the next."""
-    service = _service()
-    producer = HeldCommit()
-    transactions = service.transactions
+def _writing_a(producer: HeldCommit) -> tuple[Transactions, list[str]]:
+    """A member's transactions on `producer`, step "a" queued and its commit held; `done`
+    lists the steps whose on_committed ran."""
+    transactions = _service().transactions
     assert isinstance(transactions, Transactions)
     transactions.producer = producer  # type: ignore[assignment]
     done: list[str] = []
     transactions.write_step(_step("a"), lambda: done.append("a"))
     assert producer.committing.wait(10)
+    return transactions, done
+
+
+def test_steps_queued_during_a_transaction_go_into_the_next_one_together() -> None:
+    """The member never waits for a transaction: steps queue while one commits and the writer
+    takes them all into the next."""
+    producer = HeldCommit()
+    transactions, done = _writing_a(producer)
     transactions.write_step(_step("b"), lambda: done.append("b"))  # returns at once
     transactions.write_step(_step("c"), lambda: done.append("c"))
     assert done == [] and producer.produced == [("audio", b"a")]
@@ -166,15 +172,9 @@ def test_steps_queued_during_a_transaction_go_into_the_next_one_together() -> No
 
 
 def test_a_failed_transaction_discards_the_steps_queued_behind_it_and_is_raised_once() -> None:
-    service = _service()
     failure = KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out"))
     producer = HeldCommit(failure)
-    transactions = service.transactions
-    assert isinstance(transactions, Transactions)
-    transactions.producer = producer  # type: ignore[assignment]
-    done: list[str] = []
-    transactions.write_step(_step("a"), lambda: done.append("a"))
-    assert producer.committing.wait(10)
+    transactions, done = _writing_a(producer)
     transactions.write_step(_step("b"), lambda: done.append("b"))
     producer.release.set()  # a commits; b's transaction fails
     transactions.join()
