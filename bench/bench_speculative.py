@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=15.0, help="talking seconds per row")
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--warm-s", type=float, default=10.0, help="the unreported first rows")
+    parser.add_argument("--warm-s", type=float, default=20.0, help="the unreported first rows")
     parser.add_argument(
         "--no-live", action="store_true", help="the member writes no live copies (cost: before)"
     )
