@@ -61,11 +61,21 @@ class LiveWriter:
         self.config = live_producer_config(client_config)
         self.metrics = metrics
         self.producer: Producer | None = None
+        self.topic = ""
         self.failing = False  # the last delivery failed: the next success is logged
         self.counts = {"written": 0, "failed": 0, "dropped": 0}
         self._fatal = False
 
-    def start(self) -> None:
+    def start(self, topic: str, exists: bool = True) -> None:
+        """The producer, unless the live topic does not exist (then no live copies)."""
+        if not exists:
+            log.warning(
+                "topic %s does not exist: no live copies, speculative listeners hear the "
+                "committed audio only (codeclog topics create makes it)",
+                topic,
+            )
+            return
+        self.topic = topic
         self.producer = Producer({**self.config, "error_cb": self._error})
 
     def write(self, records: Sequence[Write]) -> None:
@@ -124,7 +134,7 @@ class LiveWriter:
         old, self.producer = self.producer, None
         if old is not None:
             old.purge()
-        self.start()
+        self.start(self.topic)
 
     def _count(self, result: str) -> None:
         self.counts[result] += 1

@@ -167,14 +167,8 @@ class VocoderService:
             self.limit = self._stream_limit(facts.chunk_partitions)
         self._dead_letter_limit = facts.dead_letter_raw_limit
         self.pipeline = self._new_pipeline()
-        if self.config.live_audio and facts.live_exists:
-            self.live.start()
-        elif self.config.live_audio:
-            log.warning(
-                "topic %s does not exist: no live copies, speculative listeners hear the "
-                "committed audio only (codeclog topics create makes it)",
-                self.topics.live,
-            )
+        if self.config.live_audio:
+            self.live.start(self.topics.live, facts.live_exists)
         log.info("open streams: %s", self.limit.describe())
         try:
             self.transactions.start(self.config.outage_timeout_s, self._stop)
