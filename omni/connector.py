@@ -217,6 +217,17 @@ class CodeclogKafkaConnector(_Base):
             self._counts["client_errors"] += 1
             self.last_error = f"{err.name()}: {err.str()}"
 
+    def _consume_error(self, error: KafkaError) -> None:
+        """A consumer error librdkafka recovers from by itself: counted and told, once per
+        kind, not a failure (a topic whose metadata has not reached this client yet)."""
+        text = f"{error.name()}: {error.str()}"
+        with self._lock:
+            self._counts["consume_errors"] += 1
+            told = self.last_error == text
+            self.last_error = text
+        if not told:
+            LOGGER.warning("codeclog connector consuming %s: %s (retrying)", self.topic, text)
+
     def _failed(self, what: str, key: str, reason: str) -> None:
         LOGGER.error("codeclog connector %s %s failed: %s", what, key, reason)
         with self._lock:
@@ -329,9 +340,12 @@ class CodeclogKafkaConnector(_Base):
         consumer.assign(partitions)
 
     def _index_message(self, message: Any) -> None:
-        if message.error() is not None:
-            if message.error().code() != KafkaError._PARTITION_EOF:
-                self._failed("consume", self.topic, message.error().str())
+        error = message.error()
+        if error is not None:
+            if error.fatal():
+                self._failed("consume", self.topic, error.str())
+            elif error.code() != KafkaError._PARTITION_EOF:
+                self._consume_error(error)  # librdkafka retries: e.g. a topic just created
             return
         partition, offset = message.partition(), message.offset()
         self._index_record(message.value(), message.headers(), partition, offset, True)

@@ -209,7 +209,7 @@ class Toxiproxy:
             )
         self.state_path.write_text(json.dumps({"pid": process.pid, "api": self.api_port}))
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not tcp_accepts(self.api_port):
+        while not self._answers():  # its HTTP API, not only its port: a fresh server may reset
             if process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise LinkError(
@@ -255,6 +255,19 @@ class Toxiproxy:
     def add_toxic(self, proxy: str, toxic: Mapping[str, Any]) -> None:
         """One toxic as Toxiproxy lists it (name, type, stream, toxicity, attributes)."""
         self.api("POST", f"/proxies/{proxy}/toxics", dict(toxic))
+
+    def _answers(self) -> bool:
+        """Toxiproxy's API answers a request (GET /version)."""
+        if not tcp_accepts(self.api_port):
+            return False
+        try:
+            with urllib.request.urlopen(
+                f"http://{HOST}:{self.api_port}/version", timeout=API_TIMEOUT_S
+            ) as response:
+                response.read()
+        except (urllib.error.URLError, OSError):
+            return False
+        return True
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()

@@ -179,3 +179,26 @@ def test_put_never_raises_when_the_broker_is_down() -> None:
     assert health["put_failures"] == 2 and health["last_error"]
     connector.close()
     connector.close()
+
+
+def test_a_topic_created_after_the_receiver_started_is_not_a_failure(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> None:
+    """librdkafka tells a consumer subscribed to a topic it has no metadata for yet (just
+    created, or not yet) that it is unknown, and retries: the receiver counts and tells it,
+    and stays healthy (it counted a failure, and the tier's health checks failed)."""
+    name = unique_name("late")
+    base = {"bootstrap": kafka_bootstrap, "topic": name}
+    with CodeclogKafkaConnector(
+        {**base, "stage_id": 2, "role": "receiver", "group_id": unique_name("recv")}
+    ) as receiver:
+        deadline = time.monotonic() + WAIT_S
+        while not receiver.health().get("consume_errors") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert receiver.health().get("consume_errors"), receiver.health()
+        _topic(kafka_bootstrap, name)
+        with CodeclogKafkaConnector({**base, "stage_id": 1, "role": "sender"}) as sender:
+            assert sender.put("1", "2", "late_1_0", {"v": 1})[0]
+        assert _wait(receiver, "late_1_0")[0] == {"v": 1}  # type: ignore[index]
+        health = receiver.health()
+        assert health["failures"] == 0 and health["status"] == "ok", health
