@@ -11,7 +11,10 @@ Memory is bounded (ListenerConfig): at most `max_open_streams` open streams (the
 opened is ended with `end == "evicted"` beyond it), per stream at most `max_pending` windows
 held out of order, the PCM of the last `keep_pcm` delivered windows (for cross-domain
 comparison of later copies) and the digests of the last `keep_digests`; ended streams keep
-their digests only, in an LRU of `max_ended`.
+their digests only, in an LRU of `max_ended`, each for `ended_ttl_s` after it ended (a listener
+following named requests keeps its few ended streams for good): a listener runs for days and
+sees thousands of streams an hour, and a later copy of a window comes from a re-decode after an
+aborted transaction, within a member's outage timeout, not hours later.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class ListenerConfig:
     keep_pcm: int = 2  # PCM of the newest delivered windows, for cross-domain comparison
     keep_digests: int = 32  # sha256 + domain of the newest delivered windows per stream
     max_ended: int = 10_000  # ended streams remembered (digests only)
+    ended_ttl_s: float = 600.0  # ... for this long after they ended (past any outage timeout)
     bound: Bound = dataclasses.field(default_factory=Bound)
 
 
@@ -100,7 +104,16 @@ class _Seen:
 
 
 class _Stream:
-    __slots__ = ("last_at", "next_index", "next_sample", "pcm_kept", "pending", "report", "seen")
+    __slots__ = (
+        "ended_at",
+        "last_at",
+        "next_index",
+        "next_sample",
+        "pcm_kept",
+        "pending",
+        "report",
+        "seen",
+    )
 
     def __init__(self, request_id: str, epoch: int) -> None:
         self.report = StreamReport(request_id, epoch)
@@ -110,6 +123,7 @@ class _Stream:
         self.seen: collections.OrderedDict[int, _Seen] = collections.OrderedDict()
         self.pcm_kept: collections.deque[int] = collections.deque()
         self.last_at: float | None = None
+        self.ended_at = 0.0  # listener clock, once ended
 
     @property
     def epoch(self) -> int:
@@ -268,7 +282,7 @@ class Assembler:
         self.stats.delivered += 1
         if chunk.final:
             report.end = "final"
-            self._retire(stream)
+            self._retire(stream, now)
         return ListenerChunk(
             chunk.request_id,
             chunk.cache_epoch,
@@ -342,7 +356,7 @@ class Assembler:
         if stream.ended:
             return out
         stream.report.end = reason
-        self._retire(stream)
+        self._retire(stream, now)
         report = stream.report
         out.append(
             ListenerChunk(report.request_id, report.cache_epoch, stream.next_index,
@@ -350,8 +364,9 @@ class Assembler:
         )  # fmt: skip
         return out
 
-    def _retire(self, stream: _Stream) -> None:
+    def _retire(self, stream: _Stream, now: float) -> None:
         rid = stream.report.request_id
+        stream.ended_at = now
         self._open.pop(rid, None)
         stream.pending.clear()
         for seen in stream.seen.values():
@@ -361,6 +376,16 @@ class Assembler:
         self._ended.move_to_end(rid)
         self._finished.append(stream.report)
         while len(self._ended) > self.config.max_ended:
+            self._ended.popitem(last=False)
+        self._forget_ended(now)
+
+    def _forget_ended(self, now: float) -> None:
+        """Forget the streams that ended more than `ended_ttl_s` ago (`_ended` is in the order
+        they ended); a listener of named requests keeps them."""
+        if self.requests:
+            return
+        horizon = now - self.config.ended_ttl_s
+        while self._ended and next(iter(self._ended.values())).ended_at < horizon:
             self._ended.popitem(last=False)
 
     def _enforce_cap(self, now: float) -> list[ListenerChunk]:

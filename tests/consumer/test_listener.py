@@ -235,6 +235,25 @@ def test_memory_stays_bounded_with_a_thousand_concurrent_requests() -> None:
     assert listener.assembler.remembered_streams() <= config.max_open_streams + config.max_ended
 
 
+def test_an_ended_stream_is_forgotten_once_its_time_is_up_but_a_later_copy_before_is_known() -> (
+    None
+):
+    """A listener runs for days: ended streams (their digests, for later copies) are kept for
+    `ended_ttl_s`, not until `max_ended` of them piled up (issue 43's soak saw the listeners
+    grow for its whole hour). A listener of named requests keeps its few."""
+    a = Assembler()  # ended_ttl_s 600
+    for i in range(1200):  # a stream ends every second for twenty minutes
+        a.offer(chunk(f"r{i}", 0), float(i))
+        a.offer(chunk(f"r{i}", 1, final=True), float(i))
+    assert a.remembered_streams() <= 601  # the last ten minutes'
+    assert a.offer(chunk("r700", 1, final=True), 1200.0) == []  # a later copy: never played
+    assert a.stats.duplicates == 1 and a.stats.delivered == 2400
+    named = Assembler(requests=[f"r{i}" for i in range(1200)])
+    for i in range(1200):
+        named.offer(chunk(f"r{i}", 0, final=True), float(i))
+    assert named.remembered_streams() == 1200 and named.ended("r0") is not None
+
+
 def test_listen_refuses_until_final_without_a_request(capsys: Any) -> None:
     from codeclog.cli import main
 
