@@ -30,7 +30,7 @@ class MemberError(CodeclogError):
         self.log = log
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """This environment, unbuffered, with the folder of the codeclog this process runs first
     on PYTHONPATH (a checkout that is not installed runs its own members)."""
     here = str(Path(codeclog.__file__).resolve().parents[1])
@@ -66,7 +66,7 @@ class Members:
                 [*command, *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**_child_env(), **(env or {})},
+                env={**child_env(), **(env or {})},
             )
         self.processes.append(process)
         self.log_of[process.pid] = path
