@@ -247,7 +247,10 @@ class VocoderService:
             except (KafkaException, StuckCallError) as exc:  # the one rebuild below
                 self._recover_from(exc)
                 return StepOutput()
-            self._rewind()
+            try:
+                self._rewind()
+            except (KafkaException, StuckCallError, ClusterUnavailableError) as exc:
+                self._rebuild_after(exc)  # retried until the outage limit, as any rebuild
             return StepOutput()
         self.transactions.await_commit()  # raises if it failed: this step is then discarded
         self.checkpoints.note_epoch_starts(out)

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from codeclog.cli.commands import vocode as vocode_command
 from codeclog.consumers.member import transaction as transaction_module
@@ -20,7 +20,12 @@ from codeclog.consumers.member.transaction import Transactions
 from codeclog.consumers.stream.pipeline import StepOutput
 from codeclog.kafka import calls as kafka_calls
 from codeclog.kafka.access import KafkaAccessError
-from codeclog.kafka.calls import InfrastructureError, StuckCallError, bounded
+from codeclog.kafka.calls import (
+    ClusterUnavailableError,
+    InfrastructureError,
+    StuckCallError,
+    bounded,
+)
 from codeclog.kafka.reader import input_record
 from codeclog.topics_config import TopicsConfig
 
@@ -208,6 +213,38 @@ def test_a_retriable_transaction_error_is_retried_not_the_end() -> None:
     )
     transactions.handle_error(retriable)
     assert aborted == [True] and not transactions.wedged
+
+
+def test_a_void_steps_rebuild_that_times_out_is_retried_not_the_end() -> None:
+    """A rebalance during a step's decode voids the step, and the member rebuilds from the
+    committed offsets. Reading them can time out while the group coordinator moves (issue 43's
+    soak: member b exited 1 a minute into a run, `cannot read committed offsets: _TIMED_OUT`):
+    that is retried until the outage limit, as every other rebuild is."""
+    service = _service()
+    tp = TopicPartition("codec.chunks", 0)
+    answers: list[BaseException | list[TopicPartition]] = [
+        ClusterUnavailableError("cannot read committed offsets: _TIMED_OUT"),
+        [TopicPartition("codec.chunks", 0, 5)],
+    ]
+
+    def committed(partitions: list[TopicPartition]) -> list[TopicPartition]:
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    intake: Any = service.intake
+    intake.positions = lambda: []
+    intake.decode = lambda step: None  # the assignment changed meanwhile: a void step
+    intake.assignment = lambda: [tp]
+    intake.committed = committed
+    sought: list[list[TopicPartition]] = []
+    intake.seek_to = sought.append
+    service.recovery.restore = lambda pipeline, committed: {}  # type: ignore[method-assign]
+    _transactions(service).ensure_producer = lambda reason="": None  # type: ignore[method-assign]
+    assert service._step([]) == StepOutput()
+    assert answers == [] and [tp.offset for tp in sought[0]] == [5]
+    assert service.stats["void_steps"] == 1
 
 
 class _Aborts:
