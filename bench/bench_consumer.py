@@ -113,12 +113,15 @@ def _probe_main(
     listener.start()
     ready.set()
     visible: list[tuple[int, int, float]] = []
+    live_first = samples = 0  # windows whose first copy was the live one; samples played
     while not halt.is_set():
         for item in listener.poll(0.05):
+            samples += len(item.pcm) // 2
             if item.pcm and item.source_produced_at_ms:
                 visible.append((item.source_produced_at_ms, item.written_at_ms, item.received_at))
+                live_first += not item.committed
     listener.close()
-    out.send((visible, listener.stats.duplicates))
+    out.send((visible, listener.stats.duplicates, live_first, samples))
     out.close()
 
 
@@ -142,11 +145,13 @@ class ListenerProbe:
             raise RuntimeError(f"the {isolation.value} listener did not start within 60 s")
         self.visible: list[tuple[int, int, float]] = []
         self.duplicates = 0
+        self.live_first = 0
+        self.samples = 0
 
     def stop(self) -> None:
         self.halt.set()
         if self._result.poll(60):
-            self.visible, self.duplicates = self._result.recv()
+            self.visible, self.duplicates, self.live_first, self.samples = self._result.recv()
         self.process.join(30)
 
 

@@ -58,7 +58,11 @@ def talker(bootstrap: str, topic: str, streams: int, until: float) -> None:
     producer.flush(10)
 
 
-def listener(bootstrap: str, topic: str, counted_from: float, until: float, out: Any) -> None:
+def listener(
+    bootstrap: str, topic: str, warm_s: float, seconds: float, out: Any, ready: Any
+) -> None:
+    """Join the group, say so (`ready`: the talker starts then), then count the records whose
+    produced_at is past the warm-up, for `seconds` more (and 2 s to read the last)."""
     from confluent_kafka import Consumer
 
     consumer = Consumer(
@@ -72,6 +76,10 @@ def listener(bootstrap: str, topic: str, counted_from: float, until: float, out:
         }
     )
     consumer.subscribe([topic])
+    while not consumer.assignment():
+        consumer.consume(1, 0.05)
+    ready.set()
+    counted_from, until = time.time() + warm_s, time.monotonic() + warm_s + seconds + 2
     latencies: list[float] = []
     while time.monotonic() < until:
         messages = consumer.consume(1, 0.05)  # the first record, then what is there: no wait
@@ -113,6 +121,8 @@ class Relay:
             ]
             for producer in self.producers:
                 producer.init_transactions(30)
+        while not self.consumer.assignment():  # joined before the talker starts
+            self.consumer.consume(1, 0.05)
         self.current = 0
         self.open = False  # a transaction of the current producer is open
         self.last_commit = time.monotonic()
@@ -183,17 +193,19 @@ def measure(bootstrap: str, streams: int, mode: str, seconds: float, commit_s: f
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(t, 8, 1) for t in (chunks, audio)]).values():
         future.result(30)
+    # The relay and the listener join their groups before the talker starts: on a loaded box a
+    # join later than the warm-up counted a backlog as latency (seconds in a first row).
     relay = Relay(bootstrap, chunks, audio, mode, commit_s)
-    warm_s = 5.0  # group joins, first fetches and the broker's JIT: not counted
-    until = time.monotonic() + warm_s + seconds
+    warm_s = 5.0  # first fetches and the broker's JIT: not counted
     ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    processes = [
-        ctx.Process(target=listener, args=(bootstrap, audio, time.time() + warm_s, until + 2, out)),
-        ctx.Process(target=talker, args=(bootstrap, chunks, streams, until)),
-    ]
-    for process in processes:
-        process.start()
+    out, ready = ctx.Queue(), ctx.Event()
+    first = ctx.Process(target=listener, args=(bootstrap, audio, warm_s, seconds, out, ready))
+    first.start()
+    if not ready.wait(60):
+        raise RuntimeError("the floor's listener did not join its group within 60 s")
+    until = time.monotonic() + warm_s + seconds
+    processes = [first, ctx.Process(target=talker, args=(bootstrap, chunks, streams, until))]
+    processes[1].start()
     try:
         relay.run(until)
         latencies = np.asarray(out.get(timeout=60), dtype=np.float64)

@@ -21,10 +21,17 @@ class TopicsConfig:
 
     chunks: str = "codec.chunks"  # codec chunks and control events, keyed by request id
     audio: str = "codec.audio"  # audio chunks, keyed by request id
+    # The live copy of the audio (docs/listening.md): each window written once decoded, before
+    # its transaction; short retention. Empty: the audio topic's name + ".live"
+    live: str = ""
     dlq: str = "codec.dlq"  # dead letters: reason, position, details, raw bytes
     progress: str = "codec.progress"  # compacted: per-request recovery checkpoints
-    partitions: int = 8  # partitions of the chunks, audio and progress topics
+    partitions: int = 8  # partitions of the chunks, audio, live and progress topics
     dlq_partitions: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.live:
+            object.__setattr__(self, "live", live_topic_of(self.audio))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TopicsConfig:
@@ -43,7 +50,7 @@ class TopicsConfig:
                 raise ConfigError(f"topic config {key!r} must not be empty")
             values[key] = value
         config = cls(**values)
-        names = [config.chunks, config.audio, config.dlq, config.progress]
+        names = [config.chunks, config.audio, config.live, config.dlq, config.progress]
         if len(set(names)) != len(names):
             raise ConfigError("topic names must be distinct")
         return config
@@ -58,3 +65,8 @@ class TopicsConfig:
         except JsonValueError as exc:
             raise ConfigError(f"--topics-config {path}: {exc}") from None
         return cls.from_dict(raw)
+
+
+def live_topic_of(audio: str) -> str:
+    """The live topic's name when none is configured: beside the audio topic."""
+    return f"{audio}.live"

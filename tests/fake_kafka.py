@@ -42,3 +42,29 @@ class FakeMessage:
 
     def error(self) -> None:
         return None
+
+
+class FakeTransactional:
+    """A transactional producer that keeps what it is given and commits at once (override a
+    method to make it fail or hang); `commits` counts the transactions committed."""
+
+    def __init__(self) -> None:
+        self.commits = 0
+        self.produced: list[tuple[str, bytes]] = []
+
+    def begin_transaction(self) -> None:
+        return None
+
+    def produce(self, topic: str, key: bytes, value: bytes, **kwargs: object) -> None:
+        self.produced.append((topic, value))
+
+    def send_offsets_to_transaction(
+        self, positions: object, metadata: object, timeout: float
+    ) -> None:
+        return None
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.commits += 1
+
+    def poll(self, timeout: float) -> int:
+        return 0

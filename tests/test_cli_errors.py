@@ -10,9 +10,10 @@ import argparse
 import os
 import resource
 import socket
+import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,29 @@ def test_capture_out_in_a_missing_folder_is_exit_2_like_listen(tmp_path: Path) -
     _assert_one_line_exit_2(
         result, f"cannot write --out file {out}: no such file or directory ({out.parent})"
     )
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (os.mkfifo, "is a pipe, not a regular file; it is not replaced"),
+        (
+            lambda path: os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3)),
+            "is a character device",
+        ),
+    ],
+)
+def test_capture_out_that_is_not_a_regular_file_is_refused_and_left_alone(
+    make: Callable[[Path], None], problem: str, tmp_path: Path
+) -> None:
+    """capture opened any --out for writing: a pipe blocked it forever, a device (as root, a
+    /dev/null node) was truncated or replaced."""
+    out = tmp_path / "out"
+    make(out)
+    mode = out.stat().st_mode
+    result = _codeclog("capture", "--out", str(out), *NOWHERE)
+    _assert_one_line_exit_2(result, f"cannot write --out file {out}: {problem}")
+    assert out.stat().st_mode == mode
 
 
 @pytest.mark.parametrize("case", ["missing", "folder", "binary"])

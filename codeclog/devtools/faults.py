@@ -7,7 +7,9 @@ After each run: the talker's publisher reports its lost (failed or undelivered) 
 `verify` replays the chunk topic and compares every window, and an independent audit
 (codeclog.devtools.audit: the .avsc files + confluent-kafka + fastavro only) reads the audio
 topic and checks every window once, hashes, indices and sample offsets contiguous; the DLQ must
-be empty. Measured per fault, from a read_committed probe on the audio topic: the longest gap
+be empty; a speculative listener (the live and the audio topic) must have played every committed
+window once, with its bytes, each confirmed by its committed copy, and nothing else. Measured
+per fault, from a read_committed probe on the audio topic: the longest gap
 between two audio commits becoming visible while the talker speaks (before the fault and from
 the fault on), and the chunk latency (produced_at of a window's newest chunk -> visible) p99
 before and during the fault (chunks produced from the fault to 5 s after it ended).
@@ -31,7 +33,7 @@ from codeclog.devtools.history import check, describe_logs, read_history
 from codeclog.devtools.links import LinkUsageError
 from codeclog.devtools.members import READY_LINE, Members, wait_group_drained
 from codeclog.devtools.network_faults import NETWORK_FAULT_ACTIONS, faketime_env
-from codeclog.devtools.probe import AudioProbe
+from codeclog.devtools.probe import AudioProbe, ListenerProbe
 from codeclog.devtools.stack import write_topics_file
 from codeclog.devtools.stats import percentile
 from codeclog.devtools.talker import LiveTalker, Speech, Voice
@@ -66,6 +68,7 @@ class FaultRow:
     mismatched: int
     audit: dict[str, Any]
     audit_matches_verify: bool
+    listener: dict[str, int]  # the speculative listener against the committed audio
     dead_letters: int
     gap_before_s: float
     gap_during_s: float
@@ -88,6 +91,7 @@ class FaultRow:
             and self.audit_matches_verify
             and self.dead_letters == 0
             and not any(self.anomalies.values())
+            and bool(self.listener.get("ok"))
         )
 
     @property
@@ -109,6 +113,7 @@ class FaultRow:
             "history_logs": self.history_logs,
             "gap_s": self.gap_during_s,
             "recovery_s": self.recovery_s,
+            "listener": self.listener,
             "result": "ok" if self.ok else f"FAILED {self.error}".strip(),
         }
 
@@ -185,6 +190,7 @@ def run_fault(
     ctx = _fresh_run(cluster, fault, workdir)
     client, topics, members = ctx.client, ctx.topics, ctx.members
     probe = AudioProbe(client, topics.audio, topics.partitions)
+    listener = ListenerProbe(client, topics)
     config = PublisherConfig(
         topic=topics.chunks, producer_id="faults-talker", delivery_timeout_ms=240_000
     )
@@ -199,6 +205,7 @@ def run_fault(
         for name in ("a", "b"):
             members.wait_for_log(members.latest[name], READY_LINE, MEMBER_READY_S)
         probe.start()
+        listener.start()
         talk_start = time.time()
         talker.start()
         delay = rng.uniform(inject_after_s, inject_after_s + 8.0)
@@ -219,6 +226,7 @@ def run_fault(
     crashed = members.crashed()
     members.stop_all(MEMBER_STOP_S)
     probe.stop()
+    listener.stop()
     report = verify(client, topics, engine)
     checked: AuditReport = audit(client, topics.audio, topics.dlq)
     history, history_logs = check_history(ctx)
@@ -245,6 +253,7 @@ def run_fault(
         mismatched=len(report.mismatched),
         audit=checked.summary(),
         audit_matches_verify=matches,
+        listener=listener.check(checked.windows),
         dead_letters=checked.dead_letters,
         gap_before_s=_gaps(seen, warm, fault_at),
         gap_during_s=_gaps(seen, fault_at, time.time()),  # until drained
@@ -285,8 +294,8 @@ def _recovery(seen: list[float], fault_end: float) -> float:
 def fault_table(rows: list[FaultRow]) -> str:
     lines = [
         "| fault | what happened | lost | duplicated | anomalies | audio gap before / from the "
-        "fault | recovery | chunk latency p99 before / during | result |",
-        "|---|---|---:|---:|---|---:|---:|---:|---|",
+        "fault | recovery | chunk latency p99 before / during | speculative listener | result |",
+        "|---|---|---:|---:|---|---:|---:|---:|---|---|",
     ]
     for r in rows:
         exits = f"; members: {', '.join(r.member_exits)}" if r.member_exits else ""
@@ -295,6 +304,18 @@ def fault_table(rows: list[FaultRow]) -> str:
         lines.append(
             f"| {r.fault} | {r.what}{exits} | {r.lost} | {r.duplicates} | {anomalies} "
             f"| {r.gap_before_s:.1f} s / {r.gap_during_s:.1f} s | {r.recovery_s:.1f} s "
-            f"| {r.p99_before_ms:.0f} / {r.p99_during_ms:.0f} ms | {result} |"
+            f"| {r.p99_before_ms:.0f} / {r.p99_during_ms:.0f} ms | {_heard(r.listener)} "
+            f"| {result} |"
         )
     return "\n".join(lines)
+
+
+def _heard(listener: dict[str, int]) -> str:
+    """The speculative listener's cell: windows played (of them heard live), and what was
+    wrong (played twice, missed, beyond or unlike the committed copy, unconfirmed)."""
+    if not listener:
+        return "-"
+    wrong = [k for k in ("twice", "missed", "beyond_committed", "other_bytes", "unconfirmed")
+             if listener.get(k)]  # fmt: skip
+    detail = ", ".join(f"{k} {listener[k]}" for k in wrong) or "each once, confirmed"
+    return f"{listener['played']} ({listener['heard_live']} live): {detail}"

@@ -1,4 +1,5 @@
-"""A read_committed probe of the audio topic: every window, and when it became visible."""
+"""Probes of the audio: a read_committed one of the audio topic (every window, and when it became
+visible), and a speculative listener (what it played, against the committed copy)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from codeclog.consumers.readers.audio_compare import pcm_digest
 from codeclog.kafka.log import client_settings
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
+from codeclog.topics_config import TopicsConfig
 
 STOP_S = 30.0  # stop() waits this long for the reading thread
 
@@ -73,3 +76,68 @@ class AudioProbe(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(STOP_S)
+
+
+class ListenerProbe(threading.Thread):
+    """A speculative `AudioListener` (the live and the audio topic, every epoch) in a thread,
+    keeping what it played: per window (request, epoch, index) the sha256 of each copy played
+    and whether that copy was the live one. `stop` lets it catch up with both topics first."""
+
+    def __init__(self, client: Mapping[str, Any], topics: TopicsConfig) -> None:
+        super().__init__(daemon=True)
+        from codeclog.consumers.readers.listener import AudioListener, Isolation, StartMode
+
+        self.listener = AudioListener(
+            dict(client),
+            topics.audio,
+            Isolation.SPECULATIVE,
+            start=StartMode.BEGINNING,
+            live_topic=topics.live,
+        )
+        self.played: dict[tuple[str, int, int], list[tuple[str, bool]]] = {}
+        self.error: BaseException | None = None
+        self._finish = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while True:
+                self._take(self.listener.poll(0.1))
+                if self._finish.is_set() and self.listener.caught_up():
+                    self._take(self.listener.poll(0.5))  # what was fetched meanwhile
+                    if self.listener.caught_up():
+                        break
+        except BaseException as exc:  # reported by `check`
+            self.error = exc
+        finally:
+            self._take(self.listener.close())
+
+    def _take(self, delivered: list[Any]) -> None:
+        for item in delivered:
+            if item.pcm:
+                key = (item.request_id, item.cache_epoch, item.window_index)
+                self.played.setdefault(key, []).append((pcm_digest(item.pcm), not item.committed))
+
+    def stop(self, timeout_s: float = STOP_S * 4) -> None:
+        self._finish.set()
+        self.join(timeout_s)
+
+    def check(self, committed: Mapping[tuple[str, int, int], str]) -> dict[str, int]:
+        """Against the committed audio (window -> sha256): how many windows it played, played
+        live, played twice, missed, played beyond the committed copy, with other bytes, and
+        left unconfirmed; `ok` 1 when only the first two are non-zero."""
+        played = {key: copies[0][0] for key, copies in self.played.items()}
+        stats = self.listener.stats
+        result = {
+            "played": len(played),
+            "heard_live": sum(copies[0][1] for copies in self.played.values()),
+            "twice": sum(len(copies) > 1 for copies in self.played.values()),
+            "missed": len(set(committed) - set(played)),
+            "beyond_committed": len(set(played) - set(committed)),
+            "other_bytes": sum(committed.get(k, sha) != sha for k, sha in played.items()),
+            "unconfirmed": len(played) - stats.confirmed,
+            "mismatches": stats.mismatches,
+            "alive": int(self.is_alive() or self.error is not None),
+        }
+        counted = ("twice", "missed", "beyond_committed", "other_bytes", "unconfirmed")
+        result["ok"] = int(not any(result[k] for k in (*counted, "mismatches", "alive")))
+        return result

@@ -11,8 +11,9 @@ Why each grant (Kafka's authorisation of each request the clients send):
   transactional offset commit (TxnOffsetCommit, send_offsets_to_transaction) need READ on the
   group; InitProducerId/AddPartitionsToTxn/EndTxn need WRITE (and DESCRIBE) on its
   transactional id, here a PREFIXED grant on `<group>-` because the id is `<group>-<instance>`;
-  Produce into audio, DLQ and progress needs WRITE; recovery reads progress back (READ).
-  A transactional producer needs no IDEMPOTENT_WRITE (Kafka 2.8+, KIP-679).
+  Produce into audio, live, DLQ and progress needs WRITE; recovery reads progress back (READ).
+  Neither its transactional producer nor its live one (idempotent, no transaction) needs
+  IDEMPOTENT_WRITE: WRITE on a topic is enough (Kafka 2.8+, KIP-679).
 * monitor: FindCoordinator and OffsetFetch (its consumer's committed()) and DescribeGroups
   need DESCRIBE on the group; ListOffsets and Metadata need DESCRIBE on the topic. That is
   enough for the records lag. Time lag and audio lag read the record at the committed offset
@@ -93,7 +94,7 @@ def role_acls(
     name.update(users or {})
     topic, group_r, txn = Resource.TOPIC, Resource.GROUP, Resource.TRANSACTIONAL_ID
     talker, vocoder, monitor, replay = (name[r] for r in ("talker", "vocoder", "monitor", "replay"))
-    all_topics = (topics.chunks, topics.audio, topics.dlq, topics.progress)
+    all_topics = (topics.chunks, topics.audio, topics.live, topics.dlq, topics.progress)
     specs = [
         AclSpec(talker, "WRITE", topic, topics.chunks),
         AclSpec(talker, "DESCRIBE", topic, topics.chunks),
@@ -104,7 +105,7 @@ def role_acls(
         AclSpec(vocoder, "READ", topic, topics.progress),
         *(
             AclSpec(vocoder, op, topic, t)
-            for t in (topics.audio, topics.dlq, topics.progress)
+            for t in (topics.audio, topics.live, topics.dlq, topics.progress)
             for op in ("WRITE", "DESCRIBE")
         ),
         AclSpec(vocoder, "WRITE", txn, f"{group}-", Pattern.PREFIXED),

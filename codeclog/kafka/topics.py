@@ -38,6 +38,9 @@ MIN_INSYNC_REPLICAS = "min.insync.replicas"
 TIMESTAMP_TYPE = "message.timestamp.type"
 LOG_APPEND_TIME = "LogAppendTime"
 POLL_INTERVAL_S = 0.1
+# The live topic is a transient copy (docs/listening.md): a listener needs it for seconds, the
+# audio topic keeps the durable copy. Records go after 10 minutes (segments roll every 5).
+LIVE_RETENTION = (("retention.ms", "600000"), ("segment.ms", "300000"))
 
 
 class TopicsError(CodeclogError):
@@ -120,6 +123,9 @@ def topic_specs(topics: TopicsConfig) -> tuple[TopicSpec, ...]:
             broker_time,
         ),
         TopicSpec(topics.audio, topics.partitions, delete, "decoded audio chunks"),
+        TopicSpec(
+            topics.live, topics.partitions, delete, "live copies of the audio", LIVE_RETENTION
+        ),
         TopicSpec(topics.dlq, topics.dlq_partitions, delete, "dead letters"),
         TopicSpec(topics.progress, topics.partitions, compact, "per-request checkpoints"),
     )

@@ -29,14 +29,15 @@ class TransactionBoundary(Protocol):
         """Replace a producer given up on; finish a pending initialisation."""
 
     def await_commit(self) -> None:
-        """Wait for the previous step's commit; raise its failure here (once)."""
+        """Wait until every queued step is committed; raise a failure here (once)."""
 
     def write_step(self, step: StepWrites, on_committed: Callable[[], None]) -> None:
-        """One step's transaction: its records and consumed positions, committed in the
-        background; `on_committed` runs after a commit that counts."""
+        """Queue a step (its records and consumed positions) for a transaction written in the
+        background, with whatever else queued; `on_committed` runs after a commit that counts.
+        Raises the failure of an earlier transaction instead (once)."""
 
     def join(self) -> None:
-        """Wait for the commit in flight without raising (its failure stays recorded)."""
+        """Wait for the queued steps without raising (a failure stays recorded)."""
 
     def handle_error(self, exc: TransactionError) -> None:
         """Abort (or give up on the producer) after a failed call; raise when the member must

@@ -27,6 +27,12 @@ class VocodeConfig:
     # (consumers.stream.limit); beyond it the least recently active stream is evicted.
     limits: LimitOptions = dataclasses.field(default_factory=LimitOptions)
     transaction_timeout_ms: int = 60_000
+    # Steps decoded and waiting for their transaction (consumers/member/writer.py): beyond this
+    # many bytes of their records the member waits for the writer (back-pressure)
+    max_queued_bytes: int = 32 * 2**20
+    # Write each window to the live topic as soon as it is decoded (docs/listening.md); off, a
+    # speculative listener hears the committed copy only
+    live_audio: bool = True
     max_poll_interval_ms: int = 300_000
     exit_when_idle_s: float | None = None  # tests and the demo: stop after this long idle
     rebuild_batch: int = 256

@@ -50,6 +50,7 @@ class VocoderMetrics:
     evictions: Any
     flow_calls: Any
     hift_calls: Any
+    live_windows: Any
 
     @classmethod
     def create(cls, port: int | None) -> VocoderMetrics:
@@ -138,6 +139,14 @@ class VocoderMetrics:
             hift_calls=histogram(
                 "hift_calls_per_step", "HiFT calls the engine made in one decode step", _POWERS
             ),
+            live_windows=metric(
+                counter,
+                "live_windows",
+                "Live copies of windows (docs/listening.md) by result: written (acknowledged), "
+                "failed (not delivered; listeners get the committed copy), dropped (the local "
+                "queue was full)",
+                "result",
+            ),
         )
         if port is not None:
             prom.start_http_server(port, registry=registry)
@@ -151,7 +160,6 @@ def observe_step(metrics: VocoderMetrics, out: StepOutput, now_ms: int) -> None:
     m.records.inc(out.records)
     m.windows.inc(len(out.audio))
     m.duplicates.inc(out.duplicates)
-    m.transactions.labels(result="committed").inc()
     for size in out.batch_sizes:
         m.batch_size.observe(size)
     m.decode_seconds.observe(out.decode_s)

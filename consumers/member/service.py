@@ -2,11 +2,13 @@
 
 One step = up to `max_records` records from the intake (consumers/member/intake.py), the shared
 AudioPipeline (fold + batched vocoder decode) on a worker thread while the intake keeps
-polling, then ONE Kafka transaction (consumers/member/transaction.py) that carries what the
-step writes (consumers/member/writes.py: audio, dead letters, a checkpoint per touched request)
-and the consumed offsets. Partitions that arrive are restored by consumers/member/recovery.py;
-a failed transaction rewinds to the committed offsets and restores every assigned partition the
-same way. The member raises what ends it (the command line prints it and exits).
+polling, then its windows written at once to the live topic (consumers/member/live.py) and the
+step queued for a Kafka transaction (consumers/member/transaction.py), written in the
+background with the steps queued beside it, that carries what the step writes
+(consumers/member/writes.py: audio, dead letters, a checkpoint per touched request) and the
+consumed offsets. Partitions that arrive are restored by consumers/member/recovery.py; a failed
+transaction rewinds to the committed offsets and restores every assigned partition the same
+way. The member raises what ends it (the command line prints it and exits).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from codeclog.consumers.member.boundary import TransactionBoundary, TransactionError
 from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.intake import Intake
+from codeclog.consumers.member.live import LiveWriter
 from codeclog.consumers.member.metrics import VocoderMetrics, observe_step
 from codeclog.consumers.member.outage import OutageClock
 from codeclog.consumers.member.progress import CheckpointWriter
@@ -28,7 +31,7 @@ from codeclog.consumers.member.recovery import Recovery, RecoverySource
 from codeclog.consumers.member.refusals import Refusals
 from codeclog.consumers.member.startup import cluster_facts
 from codeclog.consumers.member.transaction import CLOSE_ON_FAILURE_S, Transactions
-from codeclog.consumers.member.writes import StepWrites, step_writes
+from codeclog.consumers.member.writes import StepWrites, audio_records, live_writes, step_writes
 from codeclog.consumers.stream.dead_letter import DEAD_LETTER_RAW_LIMIT
 from codeclog.consumers.stream.engine import EngineMismatchError, VocoderEngine
 from codeclog.consumers.stream.fold.report import strict_error_json
@@ -90,7 +93,9 @@ class VocoderService:
             self.metrics,
             self.refusals.of,
             config.reinit_after_indefinite,
+            config.max_queued_bytes,
         )
+        self.live = LiveWriter(client_config, self.metrics)
         self.intake = Intake(
             client_config, config.intake(topics.chunks), self.metrics, self.refusals, self
         )
@@ -164,6 +169,8 @@ class VocoderService:
             self.limit = self._stream_limit(facts.chunk_partitions)
         self._dead_letter_limit = facts.dead_letter_raw_limit
         self.pipeline = self._new_pipeline()
+        if self.config.live_audio:
+            self.live.start(self.topics.live, facts.live_exists)
         log.info("open streams: %s", self.limit.describe())
         try:
             self.transactions.start(self.config.outage_timeout_s, self._stop)
@@ -185,6 +192,7 @@ class VocoderService:
 
         self.intake.close(close)
         self.transactions.close()
+        self.live.close(bound_s)
 
     def _stream_limit(self, partitions: int) -> StreamLimit:
         return self.config.limits.resolve(partitions, self.engine)
@@ -235,8 +243,8 @@ class VocoderService:
             return StepOutput()
 
     def _transaction(self, records: Sequence[InputRecord]) -> StepOutput:
-        """Decode the step (while the previous commit is in flight), then write all it made in
-        one transaction whose commit runs in the background."""
+        """Decode the step (while earlier transactions are written), write its windows live at
+        once, then queue all it made for a transaction written in the background."""
         started = time.perf_counter()
         positions = self.intake.positions()  # what this step consumed; before the next poll
         out = self.intake.decode(lambda: self.pipeline.step(records))
@@ -252,11 +260,13 @@ class VocoderService:
             except (KafkaException, StuckCallError, ClusterUnavailableError) as exc:
                 self._rebuild_after(exc)  # retried until the outage limit, as any rebuild
             return StepOutput()
-        self.transactions.await_commit()  # raises if it failed: this step is then discarded
+        audio = audio_records(out)
+        self.live.write(live_writes(audio, self.topics))  # before any wait for a transaction
         self.checkpoints.note_epoch_starts(out)
         checkpoints = self.checkpoints.checkpoints(self.pipeline, out, self._clock_ms())
-        writes = step_writes(out, checkpoints, self.topics, self.config.group)
-        step = StepWrites(writes, positions, self.intake.group_metadata())
+        rows, progress = step_writes(out, audio, checkpoints, self.topics, self.config.group)
+        step = StepWrites(rows, progress, positions, self.intake.group_metadata())
+        # raises if an earlier transaction failed: this step is then discarded
         self.transactions.write_step(step, lambda: self._committed_step(out, started))
         self.metrics.open_streams.set(self.pipeline.open_streams())
         self._fold_gauges()
@@ -292,8 +302,8 @@ class VocoderService:
         log.debug("step: %d records, %d windows in %.3f s", out.records, len(out.audio), step_s)
 
     def _settle(self) -> None:
-        """Wait for the commit in flight and handle its failure (before rebalances, idle checks
-        and shutdown, which all read or hand over committed state)."""
+        """Wait for the queued steps' transactions and handle a failure (before idle checks,
+        rewinds and shutdown, which all read or hand over committed state)."""
         try:
             self.transactions.await_commit()
         except (KafkaException, StuckCallError) as exc:

@@ -2,8 +2,8 @@
 
 One metadata request first: an unreachable cluster is one error, not a minute of librdkafka
 retries. It also says how many partitions the chunk topic has (the open-stream limit is a count
-per partition, consumers/stream/limit.py) and how large a dead letter may be (the dead-letter
-topic's max.message.bytes).
+per partition, consumers/stream/limit.py), how large a dead letter may be (the dead-letter
+topic's max.message.bytes) and whether the live topic exists.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class ClusterFacts:
 
     chunk_partitions: int | None  # None: the chunk topic does not exist (yet)
     dead_letter_raw_limit: int  # raw bytes a dead letter keeps whole
+    live_exists: bool = True  # the live topic exists (else the member writes no live copies)
 
 
 def cluster_facts(
@@ -56,7 +57,9 @@ def cluster_facts(
     if chunks is None:
         log.warning("topic %s does not exist (yet)", topics.chunks)
     partitions = len(chunks.partitions) if chunks is not None and chunks.partitions else None
-    return ClusterFacts(partitions, _dead_letter_limit(admin, topics.dlq, timeout_s))
+    live = metadata.topics.get(topics.live)
+    live_exists = live is not None and live.error is None
+    return ClusterFacts(partitions, _dead_letter_limit(admin, topics.dlq, timeout_s), live_exists)
 
 
 def _dead_letter_limit(admin: Any, topic: str, timeout_s: float) -> int:

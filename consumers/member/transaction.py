@@ -1,18 +1,19 @@
-"""The transaction boundary: one Kafka transaction per step, strictly one after another.
+"""The transaction boundary: the steps' transactions, strictly one after another, written off the
+member's path.
 
 The member talks to it only through `TransactionBoundary` (consumers/member/boundary.py);
-`Transactions` is its one implementation. The commit in flight is a `BackgroundCommit`
-(consumers/member/commit.py); the producer's settings are in consumers/member/producer_config.py.
+`Transactions` is its one implementation. Queued steps are written by the one thread of a
+`TransactionWriter` (consumers/member/writer.py), all that queued meanwhile in one transaction;
+the producer's settings are in consumers/member/producer_config.py.
 
-A step's transaction carries its audio chunks, its dead letters, a checkpoint per touched
-request and the consumed offsets (`send_offsets_to_transaction`): everything of the step is
-visible to read_committed readers together, or none of it. A crash before the commit aborts it
-all; a crash after it loses nothing.
+A transaction carries its steps' audio chunks, dead letters, the newest checkpoint of each
+touched request and the consumed offsets (`send_offsets_to_transaction`): everything of its
+steps is visible to read_committed readers together, or none of it. A crash before the commit
+aborts it all; a crash after it loses nothing.
 
-The commit overlaps the next step: it runs on a helper thread while the service polls and
-decodes the next batch. The next step begins its own transaction only after `await_commit`
-returned; if that commit failed, the error is raised there, on the service's thread, and the
-service discards the step and rebuilds its state from the log.
+The member queues a step and goes on polling and decoding; a failed transaction is raised on
+the member's thread at its next `write_step` (or `await_commit`), and the member discards what
+it decoded since the last commit and rebuilds its state from the log.
 
 Failures: a call stuck past its timeout (kafka_calls.StuckCallError) or a fatal producer error
 marks the producer wedged; `ensure_producer` replaces it with a new one under the same
@@ -25,18 +26,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from codeclog.consumers.member.boundary import TransactionError
-from codeclog.consumers.member.commit import BackgroundCommit
 from codeclog.consumers.member.metrics import VocoderMetrics
 from codeclog.consumers.member.producer_config import transactional_producer_config
-from codeclog.consumers.member.writes import StepWrites
+from codeclog.consumers.member.writer import TransactionWriter
+from codeclog.consumers.member.writes import StepWrites, merged
 from codeclog.errors import CodeclogError
-from codeclog.kafka import calls as kafka_calls
 from codeclog.kafka.calls import (
     FENCED_CODES,
     INDEFINITE_CODES,
@@ -68,6 +68,7 @@ class Transactions:
         metrics: VocoderMetrics,
         refusal: Refusal = lambda exc: None,
         reinit_after_indefinite: bool = True,
+        max_queued_bytes: int = 32 * 2**20,
     ) -> None:
         self.transactional_id = transactional_id
         self.producer_config = transactional_producer_config(
@@ -80,7 +81,7 @@ class Transactions:
         self.closing_timeout_s: float | None = None  # short bounds once the member exits 1
         self._needs_init = False
         self._abandoned: list[Producer] = []  # replaced producers: never destroyed (may block)
-        self._commit = BackgroundCommit()  # the previous step's commit
+        self._writer = TransactionWriter(self._write_transaction, max_queued_bytes)
         # A refused login or ACL as the error to end with (exit 2), None for any other error
         self.refusal = refusal
         # The defence against late requests (README, "How recovery works"); off only in the
@@ -97,7 +98,8 @@ class Transactions:
 
     @property
     def committing(self) -> bool:
-        return self._commit.running
+        """Steps are queued or being written."""
+        return self._writer.busy
 
     # -- the producer ---------------------------------------------------------------------------
 
@@ -184,14 +186,22 @@ class Transactions:
         self.wedged = True  # nothing to abort that the refusal would not refuse
         self.join()
 
-    # -- one step's transaction -----------------------------------------------------------------
+    # -- the steps' transactions ----------------------------------------------------------------
 
     def write_step(self, step: StepWrites, on_committed: Callable[[], None]) -> None:
+        """Queue the step for the next transaction; `on_committed` runs on the writer's thread
+        once it committed. Raises the failure of an earlier transaction instead (once)."""
+        self._writer.submit(step, on_committed)
+
+    def _write_transaction(self, steps: Sequence[StepWrites]) -> None:
+        """On the writer's thread: one transaction of `steps`, committed."""
+        step = merged(steps)
         self.begin()
-        for write in step.records:
+        for write in (*step.records, *step.checkpoints):
             self.produce(write.topic, write.key, write.value, write.partition)
         self.send_offsets(step.positions, step.group_metadata)
-        self.commit_in_background(on_committed)
+        self.commit()
+        self.metrics.transactions.labels(result="committed").inc()
 
     def begin(self) -> None:
         assert self.producer is not None
@@ -222,26 +232,24 @@ class Transactions:
             timeout,
         )
 
-    def commit_in_background(self, on_committed: Callable[[], None]) -> None:
-        """Commit the open transaction on a helper thread; `on_committed` runs there after a
-        commit that still counts (not abandoned as stuck meanwhile)."""
-        self._commit.start(self._commit_open, on_committed)
-
-    def _commit_open(self) -> None:
-        assert self.producer is not None
-        self.producer.commit_transaction(self.kafka_timeout_s)
+    def commit(self) -> None:
+        """commit_transaction, bounded: one still running CALL_GRACE_S after its timeout is
+        stuck (abandoned: whatever it does later no longer counts)."""
+        producer, timeout = self.producer, self.kafka_timeout_s
+        assert producer is not None
+        bounded("commit_transaction", lambda: producer.commit_transaction(timeout), timeout)
 
     def join(self) -> None:
-        """Wait for the commit in flight without raising (rebalance callbacks, shutdown): a
-        failure stays recorded for `await_commit`. A commit still running after its timeout
-        plus CALL_GRACE_S is stuck: abandoned, recorded as the failure."""
-        self._commit.join(self.kafka_timeout_s + kafka_calls.CALL_GRACE_S)
+        """Wait until every queued step is committed or the writer stopped on a failure,
+        without raising (rebalance callbacks, shutdown): the failure stays recorded for
+        `await_commit` or the next `write_step`."""
+        self._writer.join()
 
     def await_commit(self) -> None:
-        """Wait for the previous step's commit; re-raise its failure here, on the caller's
+        """Wait until every queued step is committed; re-raise a failure here, on the caller's
         thread (once)."""
         self.join()
-        error = self._commit.take_error()
+        error = self._writer.take_error()
         if error is not None:
             raise error
 
@@ -250,6 +258,10 @@ class Transactions:
     def handle_error(self, exc: TransactionError) -> None:
         """Abort the open transaction (or give up on the producer); InfrastructureError when
         the member must end (fenced by another member with its transactional id)."""
+        self.join()  # the producer is the writer's while it runs
+        pending = self._writer.take_error()
+        if pending is not None and pending is not exc:  # the same outage: one rebuild for both
+            log.debug("a queued transaction failed as well: %s", one_line(pending))
         self.metrics.transactions.labels(result="aborted").inc()
         if isinstance(exc, StuckCallError):
             log.warning("%s: abandoning the producer, rewinding to the committed offsets", exc)

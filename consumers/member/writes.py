@@ -1,10 +1,13 @@
-"""What one step writes: a pure function from the step's output to the records of its
-transaction, so the transaction code only writes (consumers/member/transaction.py).
+"""What one step writes: pure functions from the step's output to its records, so the
+transaction code and the live writer only write (consumers/member/transaction.py, live.py).
 
-A step's transaction carries, in this order: its audio chunks (keyed by request), its dead
-letters (keyed by request, "" when the record had none), and one checkpoint per request the step
-touched (keyed by group and request, into the progress partition numbered like the input
-partition). The consumed offsets travel with them (`send_offsets`), outside this list.
+A step's audio records are built once (`audio_records`) and written twice: at once to the live
+topic, outside any transaction (`live_writes`), and in the step's transaction to the audio topic.
+The transaction carries, in this order: the audio chunks (keyed by request), the dead letters
+(keyed by request, "" when the record had none), and one checkpoint per request the step touched
+(keyed by group and request, into the progress partition numbered like the input partition).
+The consumed offsets travel with them (`send_offsets`), outside these lists. Steps that queue
+while a transaction is written go into the next one together (`merged`).
 """
 
 from __future__ import annotations
@@ -33,26 +36,69 @@ class Write:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class AudioRecord:
+    """One window as written: its key (the request id) and its encoded AudioChunk."""
+
+    key: str
+    value: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class StepWrites:
-    """All one step's transaction carries: its records, and the positions it consumed to
-    (`send_offsets_to_transaction`, with the consumer's group metadata)."""
+    """All one transaction carries: its records (audio, dead letters), its checkpoints, and the
+    positions it consumed to (`send_offsets_to_transaction`, with the group metadata)."""
 
     records: Sequence[Write]
+    checkpoints: Sequence[Write]
     positions: list[TopicPartition]
     group_metadata: Any
+
+    @property
+    def size(self) -> int:
+        """Bytes of its values (what it holds in memory while it waits for its transaction)."""
+        return sum(len(w.value) for w in (*self.records, *self.checkpoints))
+
+
+def audio_records(out: StepOutput) -> list[AudioRecord]:
+    """The step's windows, encoded once for both copies."""
+    return [AudioRecord(c.request_id, wire.encode(c)) for c in out.audio]
+
+
+def live_writes(audio: Sequence[AudioRecord], topics: TopicsConfig) -> list[Write]:
+    """The live copy of the step's windows (docs/listening.md)."""
+    return [Write(topics.live, a.key, a.value) for a in audio]
 
 
 def step_writes(
     out: StepOutput,
+    audio: Sequence[AudioRecord],
     checkpoints: Sequence[tuple[StreamCheckpoint, int]],
     topics: TopicsConfig,
     group: str,
-) -> list[Write]:
-    """The records of the step that made `out`, with its checkpoints (checkpoint, partition)."""
-    writes = [Write(topics.audio, c.request_id, wire.encode(c)) for c in out.audio]
-    writes += [Write(topics.dlq, d.request_id or "", wire.encode(d)) for d in out.dead_letters]
-    writes += [
+) -> tuple[list[Write], list[Write]]:
+    """(records, checkpoints) of the step that made `out` and its encoded `audio`, with its
+    checkpoints (checkpoint, partition)."""
+    records = [Write(topics.audio, a.key, a.value) for a in audio]
+    records += [Write(topics.dlq, d.request_id or "", wire.encode(d)) for d in out.dead_letters]
+    progress = [
         Write(topics.progress, progress_key(group, c.request_id), wire.encode(c), partition)
         for c, partition in checkpoints
     ]
-    return writes
+    return records, progress
+
+
+def merged(steps: Sequence[StepWrites]) -> StepWrites:
+    """One transaction for steps that queued one after another: their records in order, only
+    the newest checkpoint of each request (the older ones would be compacted away unread: the
+    transaction is visible whole or not at all), the last step's positions and metadata (a
+    rebalance waits for the queue, so they all share one assignment)."""
+    if len(steps) == 1:
+        return steps[0]
+    newest: dict[tuple[int | None, str], Write] = {}
+    for step in steps:
+        for write in step.checkpoints:
+            newest.pop((write.partition, write.key), None)  # keep the order of the newest
+            newest[(write.partition, write.key)] = write
+    last = steps[-1]
+    records = [write for step in steps for write in step.records]
+    return StepWrites(records, list(newest.values()), last.positions, last.group_metadata)

@@ -2,19 +2,23 @@
 
 `Assembler` yields `ListenerChunk`s per (request, epoch), in window order (window_index;
 sample_offset places the PCM), each window once, with a clear end of stream (`end == "final"` on
-the epoch's final window). A later copy of a window (a speculative listener sees the copies of
-an aborted transaction, re-decoded after recovery) is compared with the first (bytes within a
+the epoch's final window). A later copy of a window is compared with the first (bytes within a
 determinism domain, the numeric bound of consumers.readers.audio_compare across domains),
-counted, and never played twice. consumers/readers/listener.py feeds it from Kafka.
+counted, and never played twice. A speculative listener gets two copies of every window (the
+live one, then the committed one, docs/listening.md) and more after a re-decode: the committed
+copy that matches the window played counts as its confirmation (`confirmed`), any other
+identical copy as a duplicate. consumers/readers/listener.py feeds it from Kafka.
 
 Memory is bounded (ListenerConfig): at most `max_open_streams` open streams (the least recently
 opened is ended with `end == "evicted"` beyond it), per stream at most `max_pending` windows
 held out of order, the PCM of the last `keep_pcm` delivered windows (for cross-domain
 comparison of later copies) and the digests of the last `keep_digests`; ended streams keep
-their digests only, in an LRU of `max_ended`, each for `ended_ttl_s` after it ended (a listener
-following named requests keeps its few ended streams for good): a listener runs for days and
-sees thousands of streams an hour, and a later copy of a window comes from a re-decode after an
-aborted transaction, within a member's outage timeout, not hours later.
+their digests only, in an LRU of `max_ended` (each request's newest epoch) and another of
+`max_ended` (epochs a newer one replaced: their committed copies can come after it began), each
+for `ended_ttl_s` after it ended or was replaced (a listener of named requests keeps its few for
+good): a listener runs for days and sees thousands of streams an hour, and a later copy of a
+window comes within a transaction's time, or from a re-decode within a member's outage timeout,
+not hours later.
 """
 
 from __future__ import annotations
@@ -22,78 +26,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable
 
-from codeclog.consumers.readers.audio_compare import Bound, compare_bound, pcm_digest
+from codeclog.consumers.readers.audio_compare import compare_bound, pcm_digest
+from codeclog.consumers.readers.deliveries import (
+    ListenerChunk,
+    ListenerConfig,
+    ListenerStats,
+    StreamReport,
+)
 from codeclog.schemas.records import AudioChunk
 
 log = logging.getLogger("codeclog.listen")
-
-
-@dataclasses.dataclass(frozen=True)
-class ListenerConfig:
-    max_open_streams: int = 1024
-    max_pending: int = 4  # windows held per stream while an earlier one is missing
-    keep_pcm: int = 2  # PCM of the newest delivered windows, for cross-domain comparison
-    keep_digests: int = 32  # sha256 + domain of the newest delivered windows per stream
-    max_ended: int = 10_000  # ended streams remembered (digests only)
-    ended_ttl_s: float = 600.0  # ... for this long after they ended (past any outage timeout)
-    bound: Bound = dataclasses.field(default_factory=Bound)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ListenerChunk:
-    """One delivery: a window's PCM, or (pcm == b"", end set) a stream ended without audio."""
-
-    request_id: str
-    cache_epoch: int
-    window_index: int
-    sample_offset: int
-    sample_rate_hz: int
-    pcm: bytes
-    final: bool  # this is the epoch's final window
-    end: str | None  # None, "final", "superseded" (a newer epoch began), "evicted", "closed"
-    gap_samples: int  # samples missing right before this chunk (windows never received)
-    received_at: float  # listener clock (Unix seconds) when the first copy arrived
-    source_produced_at_ms: int
-    determinism_domain: str
-    written_at_ms: int = 0  # the audio record's Kafka timestamp (when the consumer produced it)
-
-    def __iter__(self) -> Iterator[Any]:  # (request, pcm) unpacking
-        return iter((self.request_id, self.pcm))
-
-
-@dataclasses.dataclass
-class StreamReport:
-    request_id: str
-    cache_epoch: int
-    windows: int = 0
-    samples: int = 0
-    first_audio_latency_s: float | None = None  # first delivery - produced_at of window 0
-    gap_windows: int = 0  # window indexes never received (skipped)
-    gap_samples: int = 0
-    max_interval_s: float = 0.0  # longest time between two deliveries of the stream
-    duplicates: int = 0  # later copies, identical (or within the bound across domains)
-    mismatches: int = 0  # later copies that differ (bytes within a domain / beyond the bound)
-    uncompared: int = 0  # later copies too old to compare (dropped all the same)
-    end: str | None = None
-
-
-@dataclasses.dataclass
-class ListenerStats:
-    records: int = 0
-    delivered: int = 0
-    duplicates: int = 0
-    differs_within_bound: int = 0
-    mismatches: int = 0
-    uncompared: int = 0
-    corrupt: int = 0  # pcm not matching its own sha256: dropped, a later copy may be good
-    skipped_old_epoch: int = 0  # older than the request's current epoch at start
-    stale: int = 0  # a copy of an epoch older than the request's stream
-    after_final: int = 0
-    gap_windows: int = 0
-    evicted: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -101,6 +45,19 @@ class _Seen:
     sha256: str
     domain: str
     pcm: bytes | None
+    confirmed: bool = False  # its committed copy arrived (or was the copy played)
+
+
+@dataclasses.dataclass(slots=True)
+class _Held:
+    """The first copy of a window not played yet: when it arrived, whether it is the committed
+    copy, whether a committed copy of it arrived (it is then confirmed when played)."""
+
+    chunk: AudioChunk
+    arrived: float
+    written_at_ms: int
+    committed: bool
+    confirmed: bool = False
 
 
 class _Stream:
@@ -119,11 +76,11 @@ class _Stream:
         self.report = StreamReport(request_id, epoch)
         self.next_index = 0
         self.next_sample = 0
-        self.pending: dict[int, tuple[AudioChunk, float, int]] = {}  # chunk, arrived, written
+        self.pending: dict[int, _Held] = {}
         self.seen: collections.OrderedDict[int, _Seen] = collections.OrderedDict()
         self.pcm_kept: collections.deque[int] = collections.deque()
         self.last_at: float | None = None
-        self.ended_at = 0.0  # listener clock, once ended
+        self.ended_at = 0.0  # listener clock: when it ended, or was replaced by a newer epoch
 
     @property
     def epoch(self) -> int:
@@ -134,7 +91,7 @@ class _Stream:
         return self.report.end is not None
 
     def buffered_bytes(self) -> int:
-        held = sum(len(chunk.pcm_s16le) for chunk, _, _ in self.pending.values())
+        held = sum(len(h.chunk.pcm_s16le) for h in self.pending.values())
         return held + sum(len(s.pcm) for s in self.seen.values() if s.pcm is not None)
 
 
@@ -153,6 +110,8 @@ class Assembler:
         self.stats = ListenerStats()
         self._open: collections.OrderedDict[str, _Stream] = collections.OrderedDict()
         self._ended: collections.OrderedDict[str, _Stream] = collections.OrderedDict()
+        # streams a newer epoch of their request replaced (digests only), by (request, epoch)
+        self._older: collections.OrderedDict[tuple[str, int], _Stream] = collections.OrderedDict()
         # every ended stream's report, superseded epochs included (_ended keeps one per request)
         self._finished: collections.deque[StreamReport] = collections.deque(
             maxlen=self.config.max_ended
@@ -173,7 +132,7 @@ class Assembler:
         return self.config.max_open_streams * per_stream
 
     def remembered_streams(self) -> int:
-        return len(self._open) + len(self._ended)
+        return len(self._open) + len(self._ended) + len(self._older)
 
     def reports(self) -> list[StreamReport]:
         """Every stream's report: the ended ones (the newest `max_ended`), then the open ones."""
@@ -185,8 +144,11 @@ class Assembler:
 
     # -- the fold of one chunk ------------------------------------------------------------------
 
-    def offer(self, chunk: AudioChunk, now: float, written_at_ms: int = 0) -> list[ListenerChunk]:
-        """Fold one copy of a window (`written_at_ms`: its record's Kafka timestamp, if known)."""
+    def offer(
+        self, chunk: AudioChunk, now: float, written_at_ms: int = 0, committed: bool = True
+    ) -> list[ListenerChunk]:
+        """Fold one copy of a window (`written_at_ms`: its record's Kafka timestamp, if known;
+        `committed`: it comes from the committed audio topic, not the live one)."""
         self.stats.records += 1
         rid = chunk.request_id
         if self.requests and rid not in self.requests:
@@ -202,16 +164,22 @@ class Assembler:
         out: list[ListenerChunk] = []
         stream = self._open.get(rid) or self._ended.get(rid)
         if stream is not None and chunk.cache_epoch < stream.epoch:
-            self.stats.stale += 1
+            self._older_copy(chunk, committed)
             return []
         if stream is None or chunk.cache_epoch > stream.epoch:
             if stream is not None and not stream.ended:
                 out += self._end(stream, "superseded", now)
-            self._ended.pop(rid, None)
+            if stream is not None:  # its digests stay, for copies that come late
+                self._ended.pop(rid, None)
+                stream.ended_at = now
+                self._older[(rid, stream.epoch)] = stream
+                while len(self._older) > self.config.max_ended:
+                    self._older.popitem(last=False)
+                self._forget_ended(now)
             stream = _Stream(rid, chunk.cache_epoch)
             self._open[rid] = stream
             out += self._enforce_cap(now)
-        out += self._window(stream, chunk, now, written_at_ms)
+        out += self._window(stream, _Held(chunk, now, written_at_ms, committed, committed), now)
         return out
 
     def close(self, now: float) -> list[ListenerChunk]:
@@ -221,21 +189,19 @@ class Assembler:
             out += self._end(stream, "closed", now)
         return out
 
-    def _window(
-        self, stream: _Stream, chunk: AudioChunk, now: float, written_at_ms: int
-    ) -> list[ListenerChunk]:
-        index = chunk.window_index
+    def _window(self, stream: _Stream, copy: _Held, now: float) -> list[ListenerChunk]:
+        index = copy.chunk.window_index
         if index < stream.next_index or index in stream.pending:
-            self._later_copy(stream, chunk)
+            self._later_copy(stream, copy.chunk, copy.committed)
             return []
         if stream.ended:
             self.stats.after_final += 1
             return []
-        stream.pending[index] = (chunk, now, written_at_ms)
+        stream.pending[index] = copy
         out = self._drain(stream, now)
         if stream.pending and (
             len(stream.pending) > self.config.max_pending
-            or any(c.final for c, _, _ in stream.pending.values())
+            or any(h.chunk.final for h in stream.pending.values())
         ):
             out += self._skip_gap(stream, now)
         return out
@@ -243,8 +209,7 @@ class Assembler:
     def _drain(self, stream: _Stream, now: float) -> list[ListenerChunk]:
         out = []
         while stream.next_index in stream.pending and not stream.ended:
-            chunk, arrived, written = stream.pending.pop(stream.next_index)
-            out.append(self._deliver(stream, chunk, arrived, written, now))
+            out.append(self._deliver(stream, stream.pending.pop(stream.next_index), now))
         return out
 
     def _skip_gap(self, stream: _Stream, now: float) -> list[ListenerChunk]:
@@ -260,9 +225,8 @@ class Assembler:
             out += self._drain(stream, now)
         return out
 
-    def _deliver(
-        self, stream: _Stream, chunk: AudioChunk, arrived: float, written: int, now: float
-    ) -> ListenerChunk:
+    def _deliver(self, stream: _Stream, held: _Held, now: float) -> ListenerChunk:
+        chunk, arrived = held.chunk, held.arrived
         report = stream.report
         gap = max(0, chunk.sample_offset - stream.next_sample) if stream.next_index > 0 else 0
         if stream.next_index == 0:
@@ -278,8 +242,11 @@ class Assembler:
         if stream.last_at is not None:
             report.max_interval_s = max(report.max_interval_s, now - stream.last_at)
         stream.last_at = now
-        self._remember(stream, chunk)
+        self._remember(stream, chunk, held.confirmed)
         self.stats.delivered += 1
+        if held.confirmed:
+            report.confirmed += 1
+            self.stats.confirmed += 1
         if chunk.final:
             report.end = "final"
             self._retire(stream, now)
@@ -296,13 +263,14 @@ class Assembler:
             arrived,
             chunk.source_produced_at_ms,
             chunk.determinism_domain,
-            written,
+            held.written_at_ms,
+            held.committed,
         )
 
-    def _remember(self, stream: _Stream, chunk: AudioChunk) -> None:
+    def _remember(self, stream: _Stream, chunk: AudioChunk, confirmed: bool) -> None:
         keep = self.config.keep_pcm > 0
         stream.seen[chunk.window_index] = _Seen(
-            chunk.sha256, chunk.determinism_domain, chunk.pcm_s16le if keep else None
+            chunk.sha256, chunk.determinism_domain, chunk.pcm_s16le if keep else None, confirmed
         )
         if keep:
             stream.pcm_kept.append(chunk.window_index)
@@ -313,10 +281,20 @@ class Assembler:
         while len(stream.seen) > self.config.keep_digests:
             stream.seen.popitem(last=False)
 
-    def _later_copy(self, stream: _Stream, chunk: AudioChunk) -> None:
+    def _older_copy(self, chunk: AudioChunk, committed: bool) -> None:
+        """A copy of an epoch its request has left: never played; it confirms (or duplicates)
+        a window the older stream played (a committed copy can come after the live copy of
+        the next epoch's first window), else it is stale."""
+        older = self._older.get((chunk.request_id, chunk.cache_epoch))
+        if older is not None and chunk.window_index in older.seen:
+            self._later_copy(older, chunk, committed)
+        else:
+            self.stats.stale += 1
+
+    def _later_copy(self, stream: _Stream, chunk: AudioChunk, committed: bool) -> None:
         held = stream.pending.get(chunk.window_index)
         if held is not None:
-            first = _Seen(held[0].sha256, held[0].determinism_domain, held[0].pcm_s16le)
+            first = _Seen(held.chunk.sha256, held.chunk.determinism_domain, held.chunk.pcm_s16le)
         else:
             found = stream.seen.get(chunk.window_index)
             if found is None:
@@ -325,16 +303,14 @@ class Assembler:
                 return
             first = found
         if first.sha256 == chunk.sha256:
-            stream.report.duplicates += 1
-            self.stats.duplicates += 1
+            self._same(stream, held, first, committed)
             return
         same_domain = first.domain == chunk.determinism_domain and first.domain != ""
         if not same_domain and first.pcm is not None:
             verdict = compare_bound(first.pcm, chunk.pcm_s16le, self.config.bound)
             if verdict.ok:
-                stream.report.duplicates += 1
-                self.stats.duplicates += 1
                 self.stats.differs_within_bound += 1
+                self._same(stream, held, first, committed)
                 return
         elif not same_domain:
             stream.report.uncompared += 1
@@ -350,6 +326,19 @@ class Assembler:
             first.domain or "unknown",
             chunk.determinism_domain or "unknown",
         )
+
+    def _same(self, stream: _Stream, held: _Held | None, first: _Seen, committed: bool) -> None:
+        """A later copy equal to the first: the committed one confirms it, others duplicate."""
+        if held is not None and committed and not held.confirmed:
+            held.confirmed = True  # counted when it is played
+            return
+        if held is None and committed and not first.confirmed:
+            first.confirmed = True
+            stream.report.confirmed += 1
+            self.stats.confirmed += 1
+            return
+        stream.report.duplicates += 1
+        self.stats.duplicates += 1
 
     def _end(self, stream: _Stream, reason: str, now: float) -> list[ListenerChunk]:
         out = self._skip_gap(stream, now)
@@ -380,13 +369,14 @@ class Assembler:
         self._forget_ended(now)
 
     def _forget_ended(self, now: float) -> None:
-        """Forget the streams that ended more than `ended_ttl_s` ago (`_ended` is in the order
-        they ended); a listener of named requests keeps them."""
+        """Forget the streams that ended (or were replaced) more than `ended_ttl_s` ago: both
+        LRUs are in that order. A listener of named requests keeps them."""
         if self.requests:
             return
         horizon = now - self.config.ended_ttl_s
-        while self._ended and next(iter(self._ended.values())).ended_at < horizon:
-            self._ended.popitem(last=False)
+        for remembered in (self._ended, self._older):
+            while remembered and next(iter(remembered.values())).ended_at < horizon:
+                remembered.popitem(last=False)
 
     def _enforce_cap(self, now: float) -> list[ListenerChunk]:
         out: list[ListenerChunk] = []

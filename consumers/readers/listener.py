@@ -1,20 +1,20 @@
-"""A listener client for the audio topic: what a serving process embeds to stream a request's
-audio to its user as it is written.
+"""A listener client for the audio: what a serving process embeds to stream a request's audio to
+its user as it is written.
 
-`AudioListener` follows the audio topic (assign(), no group commits) and yields `ListenerChunk`s:
-per (request, epoch), in window order (window_index; sample_offset places the PCM), each window
+`AudioListener` follows the audio (assign(), no group commits) and yields `ListenerChunk`s: per
+(request, epoch), in window order (window_index; sample_offset places the PCM), each window
 once, with a clear end of stream (`end == "final"` on the epoch's final window).
 
-Isolation:
-- committed: read_committed. A window is seen once its step's transaction committed; the
-  service writes each window exactly once, so every window arrives exactly once.
-- speculative: read_uncommitted. A window is seen as soon as the consumer produced it, before
-  the commit; it may belong to a transaction that later aborts. Decoding is deterministic, so
-  the window is re-decoded after recovery as the same (request, epoch, window index) with the
-  same bytes within a determinism domain. The first copy wins; later copies are compared
-  (consumers.readers.audio_compare: bytes within a domain, the numeric bound across domains),
-  counted, and never played twice. README.md, "How recovery works", states the guarantee and
-  its limits.
+Isolation (docs/listening.md, "Two copies of every window"):
+- committed: the audio topic, read_committed. A window is seen once its step's transaction
+  committed; the service writes each window there exactly once, so every window arrives once.
+- speculative: the live topic (each window written by the member as soon as it is decoded,
+  outside any transaction) and the audio topic, both read by one consumer. The first copy of
+  each (request, epoch, window index) is played, usually the live one; the committed copy that
+  follows confirms it (`ListenerStats.confirmed`), or is played itself when the live copy never
+  came. Decoding is deterministic, so every copy of a window has the same bytes within a
+  determinism domain; later copies are compared (consumers.readers.audio_compare: bytes within
+  a domain, the numeric bound across domains), counted, and never played twice.
 
 Start: by default the listener first scans each partition up to its current end and records,
 per request, the newest epoch and the offset where its records begin; it then reads from there,
@@ -44,13 +44,14 @@ from codeclog.consumers.readers.assembler import (
 from codeclog.kafka.log import client_settings
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
+from codeclog.topics_config import live_topic_of
 
 log = logging.getLogger("codeclog.listen")
 
 
 class Isolation(enum.Enum):
-    COMMITTED = "committed"  # read_committed
-    SPECULATIVE = "speculative"  # read_uncommitted, first copy wins
+    COMMITTED = "committed"  # the audio topic, read_committed
+    SPECULATIVE = "speculative"  # the live topic and the audio topic, first copy wins
 
 
 class StartMode(enum.Enum):
@@ -59,6 +60,7 @@ class StartMode(enum.Enum):
 
 
 ConsumerFactory = Callable[[dict[str, Any]], Any]
+TP = tuple[str, int]  # topic, partition
 
 
 class ListenerError(Exception):
@@ -81,9 +83,13 @@ class AudioListener:
         partitions: Sequence[int] | None = None,
         clock: Callable[[], float] = time.time,
         consumer_factory: ConsumerFactory = Consumer,
+        live_topic: str | None = None,
     ) -> None:
+        """`topic`: the audio topic; `live_topic` (speculative only): the live topic, by default
+        the audio topic's name + ".live" (as codeclog.topics_config)."""
         self.client_config = client_config
         self.topic = topic
+        self.live_topic = live_topic or live_topic_of(topic)
         self.isolation = isolation
         self.start_mode = start
         self.assembler = Assembler(config, requests)
@@ -93,27 +99,27 @@ class AudioListener:
         self._consumer: Any = None
         self._wanted = frozenset(r.encode() for r in requests)
         self._closed = False
-        self._starts: dict[int, int] = {}  # partition -> the offset it was assigned at
+        self._starts: dict[TP, int] = {}  # (topic, partition) -> the offset it was assigned at
 
     @property
     def stats(self) -> ListenerStats:
         return self.assembler.stats
 
     def _config(self) -> dict[str, Any]:
-        level = "read_committed" if self.isolation is Isolation.COMMITTED else "read_uncommitted"
         return client_settings(
             self.client_config,
             {
                 "group.id": "codeclog-listener",
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
-                "isolation.level": level,
+                # the live topic has no transactions: read_committed sees its records at once
+                "isolation.level": "read_committed",
                 "enable.partition.eof": True,
                 # Latency (BENCHMARKS.md, issue 22): the broker answers a fetch as soon as
-                # fetch.min.bytes (default 1) are readable (past the high watermark for
-                # speculative, the last stable offset for committed), so fetch.wait.max.ms only
-                # bounds an idle fetch; 50 ms instead of 500 keeps shutdown and caught_up()
-                # prompt. queued.min.messages is prefetch depth, not a delay: default.
+                # fetch.min.bytes (default 1) are readable (up to the last stable offset), so
+                # fetch.wait.max.ms only bounds an idle fetch; 50 ms instead of 500 keeps
+                # shutdown and caught_up() prompt. queued.min.messages is prefetch depth, not a
+                # delay: default.
                 "fetch.wait.max.ms": 50,
             },
         )
@@ -124,48 +130,68 @@ class AudioListener:
             return
         consumer = self._factory(self._config())
         try:
-            partitions = self._partitions
-            if partitions is None:
-                partitions = _partitions_of(consumer, self.topic)
-            starts: dict[int, int] = {}
+            places = self._places(consumer)
+            starts: dict[TP, int] = {}
             if self.start_mode is StartMode.CURRENT_EPOCH:
-                starts = self._scan(partitions)
-            self._starts = {p: starts.get(p, 0) for p in partitions}
-            consumer.assign([TopicPartition(self.topic, p, o) for p, o in self._starts.items()])
+                starts = self._scan(places)
+            self._starts = {tp: starts.get(tp, 0) for tp in places}
+            consumer.assign([TopicPartition(t, p, o) for (t, p), o in self._starts.items()])
         except KafkaException as exc:
             consumer.close()
             raise ListenerError(f"cannot read {self.topic}: {exc}") from exc
         self._consumer = consumer
 
-    def _scan(self, partitions: Sequence[int]) -> dict[int, int]:
-        """One pass over each partition up to its end now: per request the newest epoch and the
-        offset of its first record; returns the offset each partition is read from."""
+    def _places(self, consumer: Any) -> list[TP]:
+        """The (topic, partition)s to read: the live topic's first, when speculative and it
+        exists (else a warning: the committed copies only)."""
+        topics = [self.topic]
+        if self.isolation is Isolation.SPECULATIVE:
+            topics.insert(0, self.live_topic)
+        places: list[TP] = []
+        for topic in topics:
+            if self._partitions is not None:
+                places += [(topic, p) for p in self._partitions]
+                continue
+            try:
+                places += [(topic, p) for p in _partitions_of(consumer, topic)]
+            except ListenerError:
+                if topic != self.live_topic:
+                    raise
+                log.warning("%s does not exist: hearing the committed audio only", topic)
+        return places
+
+    def _scan(self, places: Sequence[TP]) -> dict[TP, int]:
+        """One pass over each partition up to its end now: per request the newest epoch and
+        where its records begin in each partition; returns the offset each is read from."""
         scanner = self._factory(self._config())
-        newest: dict[str, tuple[int, int, int]] = {}  # rid -> (epoch, first offset, partition)
-        ends: dict[int, int] = {}
+        newest: dict[str, int] = {}  # request -> its newest epoch on any partition
+        firsts: dict[tuple[TP, str], tuple[int, int]] = {}  # (tp, rid) -> (epoch, first offset)
+        ends: dict[TP, int] = {}
         try:
-            for partition in partitions:
-                tp = TopicPartition(self.topic, partition)
-                low, high = _watermarks(scanner, tp)
-                ends[partition] = high
+            for topic, partition in places:
+                low, high = _watermarks(scanner, TopicPartition(topic, partition))
+                ends[(topic, partition)] = high
                 if high <= low:
                     continue
-                scanner.assign([TopicPartition(self.topic, partition, low)])
+                scanner.assign([TopicPartition(topic, partition, low)])
                 for offset, key, value in _read_to_end(scanner, high):
                     if self._wanted and key not in self._wanted:
                         continue
                     chunk = _audio(value)
                     if chunk is None:
                         continue
-                    known = newest.get(chunk.request_id)
-                    if known is None or chunk.cache_epoch > known[0]:
-                        newest[chunk.request_id] = (chunk.cache_epoch, offset, partition)
+                    rid, epoch = chunk.request_id, chunk.cache_epoch
+                    newest[rid] = max(newest.get(rid, epoch), epoch)
+                    known = firsts.get(((topic, partition), rid))
+                    if known is None or epoch > known[0]:
+                        firsts[((topic, partition), rid)] = (epoch, offset)
         finally:
             scanner.close()
-        self.assembler.epoch_floor.update({rid: epoch for rid, (epoch, _, _) in newest.items()})
+        self.assembler.epoch_floor.update(newest)
         starts = dict(ends)
-        for _, offset, partition in newest.values():
-            starts[partition] = min(starts[partition], offset)
+        for (tp, rid), (epoch, offset) in firsts.items():
+            if epoch == newest[rid]:
+                starts[tp] = min(starts[tp], offset)
         return starts
 
     def poll(self, timeout_s: float = 0.1, max_records: int = 500) -> list[ListenerChunk]:
@@ -195,19 +221,21 @@ class AudioListener:
             chunk = _audio(message.value())
             if chunk is not None:
                 _, written_ms = message.timestamp()
-                out += self.assembler.offer(chunk, now, max(0, written_ms))
+                committed = message.topic() == self.topic
+                out += self.assembler.offer(chunk, now, max(0, written_ms), committed)
         return out
 
     def caught_up(self) -> bool:
-        """Read up to the high watermark of every partition as of now (for a committed
-        listener that needs no transaction open: it cannot read past the last stable offset)."""
+        """Read up to the high watermark of every partition as of now (with no transaction
+        open on the audio topic: it cannot be read past the last stable offset)."""
         self.start()
         assignment = self._consumer.assignment()
         for tp in self._consumer.position(assignment):
             low, high = _watermarks(self._consumer, tp)
             # nothing consumed there yet: the position is unset, reading began at the start
             # offset (the partition's end at start when no current epoch lies in it)
-            position = tp.offset if tp.offset >= 0 else self._starts.get(tp.partition, low)
+            start = self._starts.get((tp.topic, tp.partition), low)
+            position = tp.offset if tp.offset >= 0 else start
             if max(position, low) < high:
                 return False
         return True

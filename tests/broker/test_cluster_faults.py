@@ -10,8 +10,9 @@ the chunk topic holds exactly the records published (no loss, no producer duplic
 `verify` finds every expected audio window exactly once and byte-identical. Then the reduced
 fault matrix (codeclog.devtools.faults, which `python -m bench.faults` runs whole): two
 `codeclog vocode` members and a realtime talker through a member SIGKILLed during a leader
-failover. Last, the tools themselves: `broker status` with Toxiproxy killed, and the history
-checker reading a complete log while node 1 is down.
+failover, and through a delayed write, with a speculative listener following the audio. Last,
+the tools themselves: `broker status` with Toxiproxy killed, and the history checker reading a
+complete log while node 1 is down.
 """
 
 from __future__ import annotations
@@ -223,6 +224,11 @@ def test_fault_matrix_loses_and_duplicates_nothing(
     assert row.dead_letters == 0, row
     assert not any(row.anomalies.values()), (row.anomalies, row.examples)
     assert row.what != "(not injected)", row
+    # a speculative listener through the fault: every committed window once, its bytes, each
+    # confirmed, nothing the committed copy lacks, most of them heard from the live copy
+    listener = row.listener
+    assert listener["ok"] and listener["played"] == row.expected_windows, listener
+    assert listener["heard_live"] > 0, listener
 
 
 def test_status_calls_a_cluster_behind_a_dead_toxiproxy_unreachable(

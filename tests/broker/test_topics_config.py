@@ -43,15 +43,16 @@ def test_create_is_idempotent_and_makes_the_configured_topics(
     client = {"bootstrap.servers": kafka_bootstrap}
     topics = fresh_topics(unique_name, partitions=3, dlq_partitions=2)
     first = create_topics(client, topics)
-    assert [o.action for o in first] == [TopicAction.CREATED] * 4
+    assert [o.action for o in first] == [TopicAction.CREATED] * 5
     second = create_topics(client, topics)
-    assert [o.action for o in second] == [TopicAction.EXISTS] * 4
+    assert [o.action for o in second] == [TopicAction.EXISTS] * 5
     ensure_topics(client, topics)  # the plain API agrees
 
     found = {info.name: info for info in list_topics(client)}
     expected = {
         topics.chunks: (3, "delete"),
         topics.audio: (3, "delete"),
+        topics.live: (3, "delete"),
         topics.dlq: (2, "delete"),
         topics.progress: (3, "compact"),
     }
@@ -61,6 +62,8 @@ def test_create_is_idempotent_and_makes_the_configured_topics(
     # lag's time lag reads the chunk topic's timestamps: the broker's clock, not a talker's
     assert found[topics.chunks].config_value("message.timestamp.type") == "LogAppendTime"
     assert found[topics.audio].config_value("message.timestamp.type") == "CreateTime"
+    # the live copy is transient: minutes of retention, not the broker's week
+    assert found[topics.live].config_value("retention.ms") == "600000"
 
 
 @pytest.mark.kafka
@@ -158,6 +161,7 @@ def test_only_the_chunk_topic_gets_log_append_time() -> None:
         None,
         None,
         None,
+        None,
     ]
 
 
@@ -186,6 +190,7 @@ def test_topic_specs_follow_the_config() -> None:
     assert [(s.name, s.partitions, s.cleanup_policy.value) for s in specs] == [
         ("c", 3, "delete"),
         ("codec.audio", 3, "delete"),
+        ("codec.audio.live", 3, "delete"),
         ("codec.dlq", 2, "delete"),
         ("p", 3, "compact"),
     ]
@@ -205,6 +210,8 @@ def test_topic_specs_follow_the_config() -> None:
         ("name as number", {"chunks": 5}, "'chunks' must be str"),
         ("empty name", {"audio": ""}, "'audio' must not be empty"),
         ("duplicate names", {"audio": "codec.chunks"}, "topic names must be distinct"),
+        ("live as the audio", {"live": "codec.audio"}, "topic names must be distinct"),
+        ("empty live name", {"live": ""}, "'live' must not be empty"),
     ],
 )
 def test_topics_config_refuses(case: str, raw: dict[str, Any], message: str) -> None:
@@ -215,6 +222,9 @@ def test_topics_config_refuses(case: str, raw: dict[str, Any], message: str) -> 
 def test_topics_config_accepts_known_keys() -> None:
     config = TopicsConfig.from_dict({"chunks": "a.b", "partitions": 16})
     assert (config.chunks, config.partitions, config.audio) == ("a.b", 16, "codec.audio")
+    assert config.live == "codec.audio.live"  # beside the audio topic unless named
+    assert TopicsConfig.from_dict({"audio": "x"}).live == "x.live"
+    assert TopicsConfig.from_dict({"live": "y"}).live == "y"
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The audio topic's ends, for the tests that catch a transaction while it is open."""
+"""The audio topic's ends, for the tests that catch a transaction while it is open, and the
+windows a topic holds."""
 
 from __future__ import annotations
 
@@ -22,3 +23,20 @@ def audio_ends(stack: Any, admin: AdminClient) -> tuple[dict[int, int], dict[int
     # (the other order sees records that arrived in between as open)
     high = ends(IsolationLevel.READ_UNCOMMITTED)
     return ends(IsolationLevel.READ_COMMITTED), high
+
+
+def windows_on(stack: Any, topic: str) -> set[tuple[str, int, int]]:
+    """(request, epoch, window index) of every window on `topic` now (committed records: on the
+    live topic, every record)."""
+    from codeclog.kafka.reader import read_partitions
+    from codeclog.schemas import wire
+    from codeclog.schemas.records import AudioChunk
+
+    found = set()
+    partitions = list(range(stack.topics.partitions))
+    for records in read_partitions(stack.client, topic, partitions, 30).values():
+        for record in records:
+            chunk = wire.decode(record.value)
+            if isinstance(chunk, AudioChunk):
+                found.add((chunk.request_id, chunk.cache_epoch, chunk.window_index))
+    return found

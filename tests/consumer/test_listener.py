@@ -70,6 +70,59 @@ def test_first_copy_wins_and_identical_later_copies_are_dropped() -> None:
     assert a.stats.duplicates == 2 and a.stats.mismatches == 0
 
 
+def test_the_live_copy_plays_and_its_committed_copy_confirms_it() -> None:
+    """Speculative: the live copy (committed=False) is played at once; the committed copy that
+    follows confirms it and is not a duplicate; a re-decoded live copy is one."""
+    a = Assembler()
+    played = a.offer(chunk("r", 0), 1.0, committed=False)
+    assert audio(played) == [("r", 0, 0)] and not played[0].committed
+    assert a.stats.confirmed == 0
+    assert a.offer(chunk("r", 0), 1.2, committed=True) == []
+    assert a.stats.confirmed == 1 and a.stats.duplicates == 0
+    assert a.offer(chunk("r", 0), 1.5, committed=False) == []  # a re-decode's live copy
+    assert a.offer(chunk("r", 0), 1.6, committed=True) == []  # read twice: not confirmed twice
+    assert a.stats.duplicates == 2 and a.stats.confirmed == 1 and a.stats.delivered == 1
+
+
+def test_a_committed_copy_that_comes_first_plays_confirmed() -> None:
+    """The live copy was lost (or is late): the committed one plays, already confirmed."""
+    a = Assembler()
+    played = a.offer(chunk("r", 0), 1.0, committed=True)
+    assert audio(played) == [("r", 0, 0)] and played[0].committed
+    assert a.offer(chunk("r", 0), 1.1, committed=False) == []
+    assert a.stats.confirmed == 1 and a.stats.duplicates == 1
+
+
+def test_a_held_window_confirmed_before_it_plays_counts_once() -> None:
+    a = Assembler()
+    assert a.offer(chunk("r", 1), 1.0, committed=False) == []  # held: window 0 is missing
+    assert a.offer(chunk("r", 1), 1.1, committed=True) == []  # its committed copy
+    out = a.offer(chunk("r", 0), 1.2, committed=False)
+    assert audio(out) == [("r", 0, 0), ("r", 0, 1)]
+    assert [c.committed for c in out] == [False, False]  # the live bytes played
+    report = a.reports()[0]
+    assert a.stats.confirmed == 1 and report.confirmed == 1 and a.stats.duplicates == 0
+
+
+def test_a_committed_copy_after_the_next_epoch_began_still_confirms_its_window() -> None:
+    """The live topic runs a transaction ahead: the live copy of a barge-in's new epoch can
+    come before the committed copies of the old epoch's last windows."""
+    a = Assembler()
+    a.offer(chunk("r", 0, epoch=0), 1.0, committed=False)
+    a.offer(chunk("r", 0, epoch=1), 1.1, committed=False)  # supersedes epoch 0
+    assert a.offer(chunk("r", 0, epoch=0), 1.2, committed=True) == []
+    assert a.stats.confirmed == 1 and a.stats.stale == 0
+    assert a.offer(chunk("r", 1, epoch=0), 1.3, committed=True) == []  # never played there
+    assert a.stats.stale == 1 and a.stats.delivered == 2
+
+
+def test_a_committed_copy_that_differs_from_the_live_one_played_is_a_mismatch() -> None:
+    a = Assembler()
+    a.offer(chunk("r", 0), 1.0, committed=False)
+    assert a.offer(chunk("r", 0, pcm=bytes(2 * WINDOW)), 2.0, committed=True) == []
+    assert a.stats.mismatches == 1 and a.stats.confirmed == 0
+
+
 def test_a_different_later_copy_in_the_same_domain_is_a_mismatch_never_played() -> None:
     a = Assembler()
     a.offer(chunk("r", 0), 1.0)
@@ -235,19 +288,20 @@ def test_memory_stays_bounded_with_a_thousand_concurrent_requests() -> None:
     assert listener.assembler.remembered_streams() <= config.max_open_streams + config.max_ended
 
 
-def test_an_ended_stream_is_forgotten_once_its_time_is_up_but_a_later_copy_before_is_known() -> (
-    None
-):
-    """A listener runs for days: ended streams (their digests, for later copies) are kept for
-    `ended_ttl_s`, not until `max_ended` of them piled up (issue 43's soak saw the listeners
-    grow for its whole hour). A listener of named requests keeps its few."""
+def test_ended_and_replaced_streams_are_forgotten_once_their_time_is_up() -> None:
+    """A listener runs for days: ended streams and epochs a newer one replaced (their digests,
+    for later copies) are kept for `ended_ttl_s`, not until `max_ended` of each piled up (issue
+    43's soak saw the listeners grow for its whole hour). A later copy within that time is
+    still known; a listener of named requests keeps its few streams."""
     a = Assembler()  # ended_ttl_s 600
-    for i in range(1200):  # a stream ends every second for twenty minutes
-        a.offer(chunk(f"r{i}", 0), float(i))
-        a.offer(chunk(f"r{i}", 1, final=True), float(i))
-    assert a.remembered_streams() <= 601  # the last ten minutes'
-    assert a.offer(chunk("r700", 1, final=True), 1200.0) == []  # a later copy: never played
-    assert a.stats.duplicates == 1 and a.stats.delivered == 2400
+    for i in range(1200):  # every second for twenty minutes: an epoch replaced, one ended
+        a.offer(chunk(f"r{i}", 0, epoch=0), float(i))
+        a.offer(chunk(f"r{i}", 0, epoch=1), float(i))  # epoch 0 is replaced
+        a.offer(chunk(f"r{i}", 1, epoch=1, final=True), float(i))
+    assert a.remembered_streams() <= 2 * 601  # the last ten minutes'
+    assert a.offer(chunk("r700", 1, epoch=1, final=True), 1200.0) == []  # a later copy
+    assert a.offer(chunk("r700", 0, epoch=0), 1200.0) == []  # of a replaced epoch too
+    assert a.stats.delivered == 3600 and a.stats.mismatches == 0
     named = Assembler(requests=[f"r{i}" for i in range(1200)])
     for i in range(1200):
         named.offer(chunk(f"r{i}", 0, final=True), float(i))
@@ -321,3 +375,38 @@ def test_a_listener_started_at_a_partitions_end_is_caught_up_before_reading_anyt
     )  # fmt: skip
     listener.start()
     assert listener.caught_up()
+
+
+class TwoTopics(FakeConsumer):
+    """The live and the audio topic: records the assignment, plays the given messages."""
+
+    def __init__(self, messages: list[FakeMessage]) -> None:
+        self.messages = messages
+        self.at = 0
+        self.assigned: list[Any] = []
+
+    def assign(self, partitions: Any) -> None:
+        self.assigned = [(tp.topic, tp.partition) for tp in partitions]
+
+
+def test_a_speculative_listener_reads_the_live_and_the_audio_topic_and_tells_them_apart() -> None:
+    live, committed = chunk("r", 0), chunk("r", 0)
+    messages = [
+        FakeMessage("audio.live", 0, 0, b"r", wire.encode(live)),
+        FakeMessage("audio", 0, 0, b"r", wire.encode(committed)),
+    ]
+    fake = TwoTopics(messages)
+    listener = AudioListener(
+        {}, "audio", Isolation.SPECULATIVE, start=StartMode.BEGINNING, partitions=[0],
+        consumer_factory=lambda _: fake,
+    )  # fmt: skip
+    played = listener.poll()
+    assert fake.assigned == [("audio.live", 0), ("audio", 0)]
+    assert audio(played) == [("r", 0, 0)] and not played[0].committed
+    assert listener.stats.confirmed == 1 and listener.stats.duplicates == 0
+    only = TwoTopics([])
+    AudioListener(
+        {}, "audio", Isolation.COMMITTED, start=StartMode.BEGINNING, partitions=[0],
+        consumer_factory=lambda _: only,
+    ).start()  # fmt: skip
+    assert only.assigned == [("audio", 0)]

@@ -1,5 +1,5 @@
 """The listener on the real broker: speculative and committed listeners through SIGKILLs of the
-consumer, aborted transactions seen by a read_uncommitted reader, and a listener started
+consumer and a fenced member, live copies of aborted transactions, and a listener started
 mid-stream. The oracle is verify's offline replay of the chunk topic."""
 
 from __future__ import annotations
@@ -17,14 +17,17 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from codeclog.consumers.member.metrics import VocoderMetrics
 from codeclog.consumers.member.service import VocodeConfig, VocoderService
+from codeclog.consumers.member.transaction import Transactions
 from codeclog.consumers.readers.assembler import ListenerChunk
 from codeclog.consumers.readers.listener import AudioListener, Isolation
 from codeclog.consumers.readers.verify import actual_audio, expected_audio
 from codeclog.consumers.stream.fold.state import Policy
+from codeclog.kafka.calls import InfrastructureError
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk
-from tests.consumer.audio_ends import audio_ends
+from tests.consumer.audio_ends import audio_ends, windows_on
 from tests.consumer.conftest import LiveTalker
 
 pytestmark = [pytest.mark.kafka]
@@ -42,8 +45,6 @@ class Follower(threading.Thread):
         self.listener = listener
         self.delivered: list[ListenerChunk] = []
         self.finish = threading.Event()
-        self.check = threading.Event()  # set: report in `caught` once caught up with the log
-        self.caught = threading.Event()
         self.error: BaseException | None = None
         listener.start()
 
@@ -51,9 +52,6 @@ class Follower(threading.Thread):
         try:
             while True:
                 self.delivered += self.listener.poll(0.1)
-                if self.check.is_set() and self.listener.caught_up():
-                    self.check.clear()
-                    self.caught.set()
                 if self.finish.is_set() and self.listener.caught_up():
                     self.delivered += self.listener.poll(0.5)  # what was fetched meanwhile
                     if self.listener.caught_up():
@@ -142,18 +140,22 @@ def _open_audio_transaction(stack: Any, admin: AdminClient) -> bool:
 
 @pytest.mark.vocoder
 @pytest.mark.slow
-# Nightly: 86 s, and on an idle machine its catch of an open transaction races a fast consumer
-# (it failed once in CI runs with a batch published at once); CI keeps the abort below
-# (test_an_aborted_transaction_plays_once_speculatively_and_never_committed), deterministic.
+# Long: 86-109 s, and on an idle machine its catch of an open transaction races a fast consumer
+# (it failed once in CI runs with a batch published at once); the quick run keeps the abort and
+# the fence below, deterministic
+# (test_a_live_copy_of_an_aborted_transaction_plays_once_and_the_commit_confirms_it,
+# test_a_member_fenced_after_its_audio_went_out_live_is_replaced_by_the_same_bytes).
 @pytest.mark.long
 @pytest.mark.timeout(480)  # 83 s on a quiet machine; the budget below leaves room for a loaded one
 def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     stack: Any, tiny_engine: Any
 ) -> None:
     """Two SIGKILLs of the consumer: one at a random point after its recovery, one frozen
-    (SIGSTOP) inside an open audio transaction once the speculative listener has read it, so
-    that listener certainly played windows of a transaction that then aborted. Both listeners
-    then hold every window of verify's replay exactly once, with its bytes."""
+    (SIGSTOP) inside an open audio transaction once the speculative listener has played the
+    live copies of windows the committed copy does not hold yet, so that listener certainly
+    played windows of a transaction that then aborted. Both listeners then hold every window of
+    verify's replay exactly once, with its bytes, and every window the speculative one played
+    is confirmed by its committed copy."""
     speculative = Follower(_listener(stack, Isolation.SPECULATIVE))
     committed = Follower(_listener(stack, Isolation.COMMITTED))
     speculative.start()
@@ -187,9 +189,14 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
             break
         second.send_signal(signal.SIGCONT)
     budget.mark("second consumer frozen inside an open transaction")
-    speculative.check.set()
-    budget.wait("the speculative listener reading the open transaction",
-                speculative.caught.is_set)  # fmt: skip
+    uncommitted = windows_on(stack, stack.topics.live) - windows_on(stack, stack.topics.audio)
+    assert uncommitted, "no live copy ahead of the committed audio"
+
+    def heard() -> set[Key]:
+        return {(c.request_id, c.cache_epoch, c.window_index) for c in speculative.delivered}
+
+    budget.wait("the speculative listener playing the live copies",
+                lambda: uncommitted <= heard())  # fmt: skip
     second.send_signal(signal.SIGKILL)
     second.wait()
     budget.mark("second consumer killed inside an open transaction")
@@ -214,6 +221,9 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
         stats = follower.listener.stats
         assert stats.mismatches == 0 and stats.corrupt == 0 and stats.gap_windows == 0
     assert speculative.listener.stats.duplicates > 0  # it played windows of an aborted step
+    assert uncommitted <= set(expected)  # the committed copy ends up holding what was heard
+    for follower in (speculative, committed):
+        assert follower.listener.stats.confirmed == len(expected)
     assert committed.listener.stats.duplicates == 0  # the service writes each window once
 
 
@@ -232,11 +242,15 @@ def _audio_chunk(rid: str, index: int, pcm: bytes, final: bool = False) -> Audio
     )
 
 
-def test_an_aborted_transaction_plays_once_speculatively_and_never_committed(stack: Any) -> None:
-    """A consumer writes windows 0 and 1 and dies before its commit (the transaction aborts); its
-    successor re-decodes them identically and commits 0, 1, 2. A read_uncommitted listener
-    plays the aborted copies at once and drops the committed ones as duplicates; a committed
-    listener never sees the aborted copies. A replacement that differs is counted, not played."""
+def test_a_live_copy_of_an_aborted_transaction_plays_once_and_the_commit_confirms_it(
+    stack: Any,
+) -> None:
+    """As a member does: windows 0 and 1 of "a" written live, then in a transaction that
+    aborts (the member died); its successor re-decodes them identically, writes them live again
+    and commits 0, 1, 2. A speculative listener plays the first live copies at once, counts the
+    re-decode's live copies as duplicates and the committed copies as confirmations; a
+    committed listener never sees a live copy. A replacement that differs ("b") is counted, not
+    played."""
     speculative = _listener(stack, Isolation.SPECULATIVE)
     committed = _listener(stack, Isolation.COMMITTED)
     speculative.start()
@@ -244,8 +258,12 @@ def test_an_aborted_transaction_plays_once_speculatively_and_never_committed(sta
     pcm = [bytes([n]) * 1920 for n in (1, 2, 3)]
     producer = Producer({**stack.client, "transactional.id": f"{stack.group}-t"})
     producer.init_transactions(30)
+    live = Producer({**stack.client, "enable.idempotence": True})
 
     def write(chunks: list[AudioChunk], commit: bool) -> None:
+        for c in chunks:  # the live copy first, outside the transaction
+            live.produce(stack.topics.live, key=c.request_id.encode(), value=wire.encode(c))
+        assert live.flush(30) == 0
         producer.begin_transaction()
         for c in chunks:
             producer.produce(stack.topics.audio, key=c.request_id.encode(), value=wire.encode(c))
@@ -269,10 +287,79 @@ def test_an_aborted_transaction_plays_once_speculatively_and_never_committed(sta
         assert windows[("a", 0, 0)] == [pcm[0]] and windows[("a", 0, 1)] == [pcm[1]]
         assert windows[("a", 0, 2)] == [pcm[2]], isolation
         assert len(windows[("b", 0, 0)]) == 1
-    assert speculative.stats.duplicates == 2 and speculative.stats.mismatches == 1
+    first = {(c.request_id, c.window_index): c.committed for c in got[Isolation.SPECULATIVE]}
+    assert first[("a", 0)] is False and first[("a", 1)] is False  # heard before any commit
+    stats = speculative.stats
+    assert stats.confirmed == 3 and stats.duplicates == 2 and stats.mismatches == 2
     assert _windows(got[Isolation.SPECULATIVE])[("b", 0, 0)] == [pcm[0]]  # the first copy
     assert committed.stats.duplicates == 0 and committed.stats.mismatches == 0
+    assert committed.stats.confirmed == committed.stats.delivered == 4
     assert _windows(got[Isolation.COMMITTED])[("b", 0, 0)] == [pcm[2]]
+
+
+class FencedOnce(Transactions):
+    """The member's transactions, fenced at the first one that carries audio: a successor with
+    the same transactional id calls init_transactions (as `codeclog vocode` with the same
+    --instance-id does at its start) after the step's live copies went out, before its commit.
+    What that transaction carried is on the live topic and never committed."""
+
+    successor: Any = None
+    audio_topic = ""
+
+    def _write_transaction(self, steps: Any) -> None:
+        audio = [w for step in steps for w in step.records if w.topic == self.audio_topic]
+        if audio and self.successor is None:
+            self.successor = Producer(
+                {**self.producer_config, "transactional.id": self.transactional_id}
+            )
+            self.successor.init_transactions(30)  # bumps the epoch: this producer is stale
+        super()._write_transaction(steps)
+
+
+@pytest.mark.vocoder
+@pytest.mark.slow
+def test_a_member_fenced_after_its_audio_went_out_live_is_replaced_by_the_same_bytes(
+    stack: Any, tiny_engine: Any
+) -> None:
+    """A member's producer epoch is rejected (fenced) after the windows of its open transaction
+    were written live and heard: the member ends (exit 1 on the command line), its successor
+    decodes the same steps again from the committed offsets and commits them. The speculative
+    listener heard each of those windows once, before any commit, with the bytes the committed
+    copy ends up holding (verify's replay), and every window it played is confirmed."""
+    speculative = Follower(_listener(stack, Isolation.SPECULATIVE))
+    committed = Follower(_listener(stack, Isolation.COMMITTED))
+    speculative.start()
+    committed.start()
+    stack.publish_sessions(sessions=4, seconds=4, seed=42)
+    config = VocodeConfig(group=stack.group, instance_id="f", max_records=8, exit_when_idle_s=3)
+    fenced = FencedOnce(
+        stack.client, config.transactional_id, 60_000, 10.0, VocoderMetrics.create(None)
+    )
+    fenced.audio_topic = stack.topics.audio
+    first = VocoderService(stack.client, stack.topics, config, tiny_engine, transactions=fenced)
+    with pytest.raises(InfrastructureError, match="fenced"):
+        first.run()
+    heard_live = windows_on(stack, stack.topics.live) - windows_on(stack, stack.topics.audio)
+    assert heard_live, "no window of the fenced transaction went out live"
+    VocoderService(stack.client, stack.topics, config, tiny_engine).run()  # the successor
+    fenced.successor.flush(10)
+    expected, _ = _replay(stack, tiny_engine)
+    for follower in (speculative, committed):
+        windows = _windows(follower.drain())
+        assert set(windows) == set(expected), follower.listener.isolation
+        assert all(len(copies) == 1 for copies in windows.values()), "a window played twice"
+        assert {k: v[0] for k, v in windows.items()} == expected
+        stats = follower.listener.stats
+        assert stats.mismatches == stats.corrupt == stats.gap_windows == 0
+        assert stats.confirmed == stats.delivered == len(expected)
+    assert heard_live <= set(expected)  # the committed copy holds what was heard live
+    heard_first = {
+        (c.request_id, c.cache_epoch, c.window_index): c.committed for c in speculative.delivered
+    }
+    assert not any(heard_first[key] for key in heard_live)  # heard before any commit
+    assert speculative.listener.stats.duplicates >= len(heard_live)  # the successor's copies
+    assert committed.listener.stats.duplicates == 0
+    assert any(epoch > 0 for _, epoch, _ in expected)  # a barge-in: an epoch ended, a new one
 
 
 @pytest.mark.vocoder

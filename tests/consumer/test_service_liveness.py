@@ -17,6 +17,7 @@ from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.outage import OutageClock
 from codeclog.consumers.member.service import VocoderService
 from codeclog.consumers.member.transaction import Transactions
+from codeclog.consumers.member.writes import StepWrites
 from codeclog.consumers.stream.pipeline import StepOutput
 from codeclog.kafka import calls as kafka_calls
 from codeclog.kafka.access import KafkaAccessError
@@ -28,6 +29,9 @@ from codeclog.kafka.calls import (
 )
 from codeclog.kafka.reader import input_record
 from codeclog.topics_config import TopicsConfig
+from tests.fake_kafka import FakeTransactional
+
+EMPTY_STEP = StepWrites([], [], [], None)
 
 
 def _service(**config: Any) -> VocoderService:
@@ -57,8 +61,9 @@ def test_a_call_past_its_timeout_is_abandoned_as_stuck() -> None:
         bounded("raises", lambda: (_ for _ in ()).throw(ValueError("boom")), 0.1)
 
 
-class StuckCommit:
+class StuckCommit(FakeTransactional):
     def __init__(self) -> None:
+        super().__init__()
         self.release = threading.Event()
 
     def commit_transaction(self, timeout: float) -> None:
@@ -70,7 +75,7 @@ def test_a_stuck_commit_is_abandoned_and_reported_once() -> None:
     producer = StuckCommit()
     transactions = _transactions(service)
     transactions.producer = producer  # type: ignore[assignment]
-    transactions.commit_in_background(lambda: service._committed_step(StepOutput(), 0.0))
+    transactions.write_step(EMPTY_STEP, lambda: service._committed_step(StepOutput(), 0.0))
     transactions.join()  # a rebalance callback: bounded, never raises
     assert not transactions.committing
     with pytest.raises(StuckCallError, match="commit_transaction"):
@@ -129,14 +134,10 @@ def test_a_failure_long_after_the_last_one_starts_the_clock_again() -> None:
 def test_a_commit_resets_the_outage_clock() -> None:
     service = _service(outage_timeout_s=0.2)
 
-    class Commits:
-        def commit_transaction(self, timeout: float) -> None:
-            return None
-
     service.outage.failed(KafkaException(KafkaError(KafkaError._TRANSPORT, "down")))
     transactions = _transactions(service)
-    transactions.producer = Commits()  # type: ignore[assignment]
-    transactions.commit_in_background(lambda: service._committed_step(StepOutput(), 0.0))
+    transactions.producer = FakeTransactional()  # type: ignore[assignment]
+    transactions.write_step(EMPTY_STEP, lambda: service._committed_step(StepOutput(), 0.0))
     transactions.await_commit()
     assert service.outage.failing_since is None
 

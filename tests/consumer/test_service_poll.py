@@ -1,5 +1,5 @@
 """How the consumer service talks to librdkafka: never waits for a full batch; the background
-commit hands its outcome to the main thread.
+transactions take every queued step and hand their outcome to the main thread.
 
 `Consumer.consume(n, timeout)` returns only when n records are there or the timeout expires, so a
 plain `consume(max_records, 0.05)` added up to 50 ms to every chunk at low load. These tests pin
@@ -11,6 +11,7 @@ tests (test_vocode_kafka.py) cover the commit on the real broker.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -19,8 +20,10 @@ from confluent_kafka import KafkaError, KafkaException
 from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.service import VocoderService
 from codeclog.consumers.member.transaction import Transactions
+from codeclog.consumers.member.writes import StepWrites, Write
 from codeclog.consumers.stream.pipeline import StepOutput
 from codeclog.topics_config import TopicsConfig
+from tests.fake_kafka import FakeTransactional
 
 
 class RecordingQueue:
@@ -68,12 +71,12 @@ def test_nothing_arriving_returns_empty_after_one_wait() -> None:
     assert queue.calls == [(64, 0), (1, 0.05)]
 
 
-class CommitOnce:
+class CommitOnce(FakeTransactional):
     """A producer whose commit_transaction fails once with `error`, then succeeds."""
 
     def __init__(self, error: KafkaException | None) -> None:
+        super().__init__()
         self.error = error
-        self.commits = 0
 
     def commit_transaction(self, timeout: float) -> None:
         self.commits += 1
@@ -85,7 +88,9 @@ class CommitOnce:
 def _committing(service: VocoderService, producer: CommitOnce) -> None:
     assert isinstance(service.transactions, Transactions)
     service.transactions.producer = producer  # type: ignore[assignment]
-    service.transactions.commit_in_background(lambda: service._committed_step(StepOutput(), 0.0))
+    service.transactions.write_step(
+        StepWrites([], [], [], None), lambda: service._committed_step(StepOutput(), 0.0)
+    )
 
 
 def test_a_failed_background_commit_is_raised_on_the_main_thread() -> None:
@@ -116,3 +121,65 @@ def test_a_successful_commit_accounts_for_its_step() -> None:
     service.transactions.await_commit()
     assert producer.commits == 1
     assert service.stats["steps"] == 1
+
+
+class HeldCommit(FakeTransactional):
+    """Its first commit waits until `release` is set; the others fail with `error`, if any."""
+
+    def __init__(self, error: KafkaException | None = None) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.committing = threading.Event()
+        self.error = error
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.committing.set()
+        if self.commits == 0:
+            self.release.wait(10)
+        elif self.error is not None:
+            raise self.error
+        self.commits += 1
+
+
+def _step(name: str) -> StepWrites:
+    return StepWrites([Write("audio", name, name.encode())], [], [], None)
+
+
+def _writing_a(producer: HeldCommit) -> tuple[Transactions, list[str]]:
+    """A member's transactions on `producer`, step "a" queued and its commit held; `done`
+    lists the steps whose on_committed ran."""
+    transactions = _service().transactions
+    assert isinstance(transactions, Transactions)
+    transactions.producer = producer  # type: ignore[assignment]
+    done: list[str] = []
+    transactions.write_step(_step("a"), lambda: done.append("a"))
+    assert producer.committing.wait(10)
+    return transactions, done
+
+
+def test_steps_queued_during_a_transaction_go_into_the_next_one_together() -> None:
+    """The member never waits for a transaction: steps queue while one commits and the writer
+    takes them all into the next."""
+    producer = HeldCommit()
+    transactions, done = _writing_a(producer)
+    transactions.write_step(_step("b"), lambda: done.append("b"))  # returns at once
+    transactions.write_step(_step("c"), lambda: done.append("c"))
+    assert done == [] and producer.produced == [("audio", b"a")]
+    producer.release.set()
+    transactions.await_commit()
+    assert done == ["a", "b", "c"] and producer.commits == 2
+    assert producer.produced == [("audio", b"a"), ("audio", b"b"), ("audio", b"c")]
+
+
+def test_a_failed_transaction_discards_the_steps_queued_behind_it_and_is_raised_once() -> None:
+    failure = KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out"))
+    producer = HeldCommit(failure)
+    transactions, done = _writing_a(producer)
+    transactions.write_step(_step("b"), lambda: done.append("b"))
+    producer.release.set()  # a commits; b's transaction fails
+    transactions.join()
+    with pytest.raises(KafkaException) as caught:
+        transactions.write_step(_step("c"), lambda: done.append("c"))  # the next step
+    assert caught.value is failure and done == ["a"]
+    transactions.await_commit()  # raised once; c was not queued
+    assert done == ["a"] and not transactions.committing

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from codeclog.consumers.readers.verify import verify
+from codeclog.devtools.audit import audit
 from codeclog.devtools.broker import BrokerSettings, LocalBroker
+from codeclog.devtools.probe import ListenerProbe
 from codeclog.kafka.topics import ensure_topics
 from tests.consumer.conftest import LiveTalker, Stack
 from tests.topics import fresh_topics
@@ -78,8 +80,12 @@ def test_a_broker_crash_and_restart_mid_run_resumes_committing(
 ) -> None:
     """kill -9 the broker while a live talker publishes and vocode commits, restart it on the
     same data dir: the member abandons the stuck call, rebuilds, and commits again (before
-    the fix it hung in send_offsets_to_transaction forever, deaf to SIGTERM)."""
+    the fix it hung in send_offsets_to_transaction forever, deaf to SIGTERM). A speculative
+    listener follows the audio through the crash: every committed window once, with its bytes,
+    each confirmed by its committed copy."""
     stack, broker = own_stack
+    listener = ListenerProbe(stack.client, stack.topics)
+    listener.start()
     talker = LiveTalker(
         stack, 4, 16, 1, producer_id="fault-talker", delivery_timeout_ms=180_000, close_s=180
     )
@@ -112,6 +118,10 @@ def test_a_broker_crash_and_restart_mid_run_resumes_committing(
     report = verify(stack.client, stack.topics, tiny_engine)  # type: ignore[arg-type]
     assert report.ok, (report.to_dict(), stack.logs())
     assert report.expected_windows > 20
+    listener.stop()
+    heard = listener.check(audit(stack.client, stack.topics.audio, stack.topics.dlq).windows)
+    assert heard["ok"] and heard["played"] == report.expected_windows, heard
+    assert heard["heard_live"] > 0, heard
 
 
 def test_sigterm_during_an_outage_ends_the_member_within_the_stop_timeout(

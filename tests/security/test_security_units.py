@@ -80,7 +80,7 @@ def test_each_role_gets_only_its_grants() -> None:
         (s.operation, s.resource, s.name) for s in role_acls(topics, monitor_reads=True)
     }
     vocoder_writes = {name for op, res, name in by_user["vocoder"] if op == "WRITE"}
-    assert vocoder_writes == {topics.audio, topics.dlq, topics.progress, "g-"}
+    assert vocoder_writes == {topics.audio, topics.live, topics.dlq, topics.progress, "g-"}
     assert [s.pattern for s in specs if s.resource is Resource.TRANSACTIONAL_ID] == [
         Pattern.PREFIXED,
         Pattern.PREFIXED,

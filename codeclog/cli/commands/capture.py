@@ -7,7 +7,7 @@ import time
 
 from codeclog.cli.config import add_kafka_args, kafka_client_config, topics_config
 from codeclog.cli.parsing import Subparsers, add_command, add_flag
-from codeclog.user_files import check_creatable
+from codeclog.user_files import check_replaceable
 
 DESCRIPTION = """\
 Capture codec streams from the log into an Avro object container file (deflate), one record per
@@ -89,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
         throwaway_group_id,
     )
 
-    check_creatable(args.out, "--out file")  # before the cluster: a mistake is told at once
+    # before the cluster, so a mistake is told at once; a device, a pipe, a folder or a
+    # read-only file is refused, never truncated or waited on
+    check_replaceable(args.out, "--out file")
     topic = args.topic or topics_config(args).chunks
     spec = CaptureSpec(
         topic=topic,

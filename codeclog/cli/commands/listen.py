@@ -14,12 +14,13 @@ from codeclog.cli.parsing import Subparsers, add_command, add_flag
 from codeclog.user_files import make_folder
 
 EPILOG = """\
-Isolation: committed (read_committed) sees a window once its step's transaction committed;
-speculative (read_uncommitted, the default) sees it as soon as the consumer wrote it, before the
-commit. The first copy of each (request, epoch, window index) is played; later copies (a
-re-decode after an aborted transaction) are compared and counted, never played twice. Decoding
-is deterministic, so a re-decoded window has the same bytes within a determinism domain (README,
-"How recovery works", has the exact guarantee and its limits).
+Isolation: committed reads the audio topic (read_committed): a window once its step's
+transaction committed. Speculative (the default) also reads the live topic, where the consumer
+writes each window as soon as it is decoded, before its transaction: the first copy of each
+(request, epoch, window index) is played, and the committed copy that follows confirms it (or is
+played itself if the live one never came). Later copies are compared and counted, never played
+twice. Decoding is deterministic, so every copy of a window has the same bytes within a
+determinism domain (docs/listening.md has the exact guarantee and its limits).
 
 Start: each request from the start of its current epoch (the newest on the log when the
 listener starts), then every later epoch; --from-beginning plays every epoch on the log.
@@ -28,8 +29,8 @@ Output: --out DIR writes DIR/<request>.e<epoch>.wav (24 kHz mono s16le), growing
 arrives, with silence where windows never arrived; --stdout writes the raw s16le PCM of every
 window in arrival order (use one --request). A progress line goes to stderr; at the end, one
 line per stream (on stdout; on stderr with --stdout): windows, seconds, first-audio latency
-(arrival of window 0 - produced_at of its newest codec chunk), gaps (windows never received)
-and later copies (identical / different).
+(arrival of window 0 - produced_at of its newest codec chunk), gaps (windows never received),
+windows confirmed by their committed copy, and other later copies (identical / different).
 
 Exit codes: 0 stopped (idle with --exit-when-idle, every --request ended with --until-final, or
 SIGINT); 1 the topic cannot be read, or a later copy differed (a mismatch); 2 usage or
@@ -134,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         Isolation(args.isolation),
         requests=args.request,
         start=StartMode.BEGINNING if args.from_beginning else StartMode.CURRENT_EPOCH,
+        live_topic=topics.live,
     )
     sink = Sink(args.out, sys.stdout.buffer if args.stdout else None)
     last_audio = time.monotonic()
@@ -188,7 +190,8 @@ def _summary(listener: Any, out: IO[str]) -> None:
         print(
             f"{report.request_id} epoch {report.cache_epoch}: {report.windows} windows, "
             f"{report.samples / 24000:.2f} s, first audio {first}, gaps {report.gap_windows}, "
-            f"longest wait {report.max_interval_s:.2f} s, later copies {report.duplicates} "
-            f"identical / {report.mismatches} different, end {report.end or 'open'}",
+            f"longest wait {report.max_interval_s:.2f} s, confirmed {report.confirmed}, later "
+            f"copies {report.duplicates} identical / {report.mismatches} different, "
+            f"end {report.end or 'open'}",
             file=out,
         )

@@ -23,6 +23,8 @@ Create and inspect the topics codeclog uses:
   codec.chunks    codec chunks and control events, keyed by request id (8 partitions;
                   message.timestamp.type=LogAppendTime: lag's time lag on the broker's clock)
   codec.audio     decoded audio chunks, keyed by request id (8 partitions)
+  codec.audio.live  the live copy of each window, written before its transaction (8
+                  partitions; retention.ms 10 minutes: docs/listening.md)
   codec.dlq       dead letters: refused records, whole (1 partition)
   codec.progress  compacted (cleanup.policy=compact): per-request checkpoints (8 partitions)
 

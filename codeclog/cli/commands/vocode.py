@@ -134,6 +134,12 @@ def register(subparsers: Subparsers) -> None:
         help="SIGTERM/SIGINT end the process within this long: the current step commits "
         "(exit 0), or, if it cannot finish in time, exit 1 without it (default 25)",
     )
+    add_flag(
+        parser,
+        "--no-live-audio",
+        help="write no live copy of each window (docs/listening.md): half the audio bytes; "
+        "speculative listeners then hear each window once its transaction committed",
+    )
     add_flag(parser, "-v", "--verbose", help="log every step and librdkafka's own lines")
     parser.set_defaults(func=run)
 
@@ -220,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         limits=limits,
         exit_when_idle_s=args.exit_when_idle,
         outage_timeout_s=args.outage_timeout,
+        live_audio=not args.no_live_audio,
         # test-only: the network-fault test shows what happens without the defence
         reinit_after_indefinite=not os.environ.get(ENV_KEEP_PRODUCER),
     )
