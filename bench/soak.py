@@ -17,7 +17,9 @@ each round, barge-ins, aborts and new epochs inside them), a speculative and a c
 Sampled every `--sample-s` (default 60 s) for each process (members, talker, listeners,
 exporter, each node's JVM, Toxiproxy): resident size, open fds, threads (/proc); each member's
 open streams and fold state (its Prometheus page); the group's lag in records, seconds and
-audio seconds (codeclog.lag.measure, every `--lag-s`) and the windows vocoded per second.
+audio seconds (from the lag exporter's page, codeclog.lag.measure, every `--lag-s`: a measuring
+client of its own once aborted this process in librdkafka with the whole cluster down) and the
+windows vocoded per second.
 
 At the end, with the talker stopped and the group drained: the talker's lost records, `verify`
 (the offline replay of the chunk topic: every window once, byte-identical), the independent
@@ -50,7 +52,7 @@ from types import FrameType
 from typing import Any
 
 from codeclog.devtools.audit import audit
-from codeclog.devtools.broker import BrokerSettings, pick_free_port
+from codeclog.devtools.broker import BrokerSettings, parent_death_hook, pick_free_port
 from codeclog.devtools.cluster import LocalCluster
 from codeclog.devtools.fault_actions import FAULTS, FaultContext, SkewedClock, with_nodes_up
 from codeclog.devtools.faults import check_history, inject
@@ -62,7 +64,7 @@ from codeclog.devtools.soak_samples import (
     Counter,
     LagPoint,
     Sample,
-    group_lag,
+    exporter_lag,
     listener_progress,
     member_figures,
     metric_values,
@@ -94,7 +96,6 @@ MEMBER_READY_S = 300.0
 DRAIN_S = 600.0
 TALKER_CLOSE_S = 240.0
 STOP_S = 60.0
-EXPORTER_INTERVAL_S = 5
 SCRAPE_TIMEOUT_S = 2.0
 LISTENERS = ("speculative", "committed")
 TOOLING = frozenset({"toxiproxy"})  # sampled, never judged: no part of a deployment
@@ -112,12 +113,17 @@ class Processes:
     running: dict[str, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
 
     def start(self, role: str, command: list[str], env: dict[str, str] | None = None) -> None:
+        """`command`, its output in logs/ROLE.out and .err; SIGTERMed if the soak dies."""
         with (
             (self.logs / f"{role}.out").open("wb") as out,
             (self.logs / f"{role}.err").open("wb") as err,
         ):
             self.running[role] = subprocess.Popen(
-                command, stdout=out, stderr=err, env={**child_env(), **(env or {})}
+                command,
+                stdout=out,
+                stderr=err,
+                env={**child_env(), **(env or {})},
+                preexec_fn=parent_death_hook(),
             )
 
     def stop(self, role: str, sig: int, timeout_s: float) -> int | None:
@@ -166,78 +172,31 @@ class FaultRecord:
     error: str = ""
 
 
-class Injector(threading.Thread):
-    """Injects the planned faults at their times, one after another (each holds `busy`, so the
-    member supervisor never restarts a member that a fault is restarting)."""
+class Sampler(threading.Thread):
+    """Samples while the main thread injects faults: the group's lag from the exporter's page
+    every `--lag-s`, every process and member every `--sample-s`, until the run's end."""
 
-    def __init__(self, ctx: FaultContext, plan: list[PlannedFault], seed: int, t0: float) -> None:
+    def __init__(self, soak: Soak) -> None:
         super().__init__(daemon=True)
-        self.ctx, self.plan, self.t0 = ctx, plan, t0
-        self.rng = random.Random(seed * 7919 + 1)
-        self.done: list[FaultRecord] = []
-        self.busy = threading.Lock()
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        for planned in self.plan:
-            if self.halt.wait(max(0.0, self.t0 + planned.at_s - time.monotonic())):
-                return
-            with self.busy:
-                self.done.append(self._one(planned.fault))
-
-    def _one(self, fault: str) -> FaultRecord:
-        started = time.monotonic() - self.t0
-        print(f"[soak] fault {fault} at {started / 60:.1f} min", flush=True)
-        error = ""
-        try:
-            inject(self.ctx, fault, self.rng)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        try:
-            with_nodes_up(self.ctx.cluster)
-        except Exception as exc:
-            error = error or f"nodes not up again: {type(exc).__name__}: {exc}"
-        what = "; ".join(self.ctx.notes) or "(not injected)"
-        self.ctx.notes.clear()
-        record = FaultRecord(
-            fault, round(started, 1), round(time.monotonic() - self.t0, 1), what, error
-        )
-        print(f"[soak] fault {fault}: {what}{'; ' + error if error else ''}", flush=True)
-        return record
-
-    @property
-    def next_fault(self) -> PlannedFault | None:
-        left = self.plan[len(self.done) :]
-        return left[0] if left else None
-
-
-class LagSampler(threading.Thread):
-    """The group's lag every `every_s` (codeclog.lag.measure); a failed measurement (a node
-    down) is a point with nothing known."""
-
-    def __init__(self, client: dict[str, str], group: str, topic: str, every_s: float, t0: float):
-        super().__init__(daemon=True)
-        from codeclog.lag.measure import LagMeasurer
-
-        self.measurer = LagMeasurer(client, timeout_s=5.0, read_timeout_s=2.0)
-        self.group, self.topic, self.every_s, self.t0 = group, topic, every_s, t0
+        self.soak = soak
         self.points: list[LagPoint] = []
         self.halt = threading.Event()
 
     def run(self) -> None:
-        try:
-            while not self.halt.wait(self.every_s):
-                self.points.append(self._point())
-        finally:
-            self.measurer.close()
-
-    def _point(self) -> LagPoint:
-        at = time.monotonic() - self.t0
-        try:
-            measured = self.measurer.measure(self.group, self.topic, int(time.time() * 1000))
-        except Exception:
-            return LagPoint(at, None, None, None)
-        return LagPoint(at, *group_lag(measured.partitions))
+        soak = self.soak
+        next_lag = next_sample = soak.t0
+        while not self.halt.is_set():
+            now = time.monotonic()
+            if now >= next_lag:
+                values = scrape(soak.exporter_port)
+                self.points.append(exporter_lag(round(now - soak.t0, 1), values))
+                next_lag += soak.args.lag_s
+            if now >= next_sample:
+                soak.sample(self.points[-1] if self.points else None)
+                next_sample += soak.args.sample_s
+                if next_sample - soak.t0 > soak.duration_s + 1:
+                    return
+            self.halt.wait(max(0.0, min(next_lag, next_sample) - time.monotonic()))
 
 
 def _quiet_kafka_logs() -> None:
@@ -272,8 +231,9 @@ def soak_context(cluster: LocalCluster, logs: Path, talker_skew: Path | None) ->
     )
     client = {"bootstrap.servers": cluster.bootstrap}
     create_topics(client, topics)
+    members = Members(logs, die_with_parent=True)
     ctx = FaultContext(
-        cluster, client, topics, write_topics_file(topics, logs), f"soak-{run}", Members(logs)
+        cluster, client, topics, write_topics_file(topics, logs), f"soak-{run}", members
     )
     layout = cluster.layout()
     ctx.member_client = {"bootstrap.servers": layout.link_bootstrap("member")}
@@ -314,9 +274,12 @@ class Soak:
         self.samples: list[Sample] = []
         self.counters: dict[str, Counter] = {}
         self.failures: list[str] = []
-        self.injector: Injector | None = None
-        self.lag: LagSampler | None = None
+        self.sampler = Sampler(self)
+        self.plan: list[PlannedFault] = []
+        self.done: list[FaultRecord] = []
+        self.rng = random.Random(args.seed * 7919 + 1)  # what the faults draw (hold times, ...)
         self.t0 = time.monotonic()
+        self.exporter_port = pick_free_port()
         self.faults = [f for f in (*FAULTS, *NETWORK_FAULTS) if f in set(args.faults)]
         skew = "clock-skew" in self.faults and faketime_env(self.logs) != {}
         if "clock-skew" in self.faults and not skew:
@@ -338,18 +301,14 @@ class Soak:
         self._start_readers()
         self._start_talker()
         self.t0 = time.monotonic()
-        plan = fault_plan(
-            self.duration_s, self.args.fault_every * 60, self.faults, random.Random(self.args.seed)
-        )
+        every_s = self.args.fault_every * 60
+        self.plan = fault_plan(self.duration_s, every_s, self.faults, random.Random(self.args.seed))
         say(
             f"load on: {self.args.streams} streams, a round every {self.args.round_s:g} s; "
-            f"{len(plan)} faults planned: "
-            + ", ".join(f"{p.fault} at {p.at_s / 60:.1f} min" for p in plan)
+            f"{len(self.plan)} faults planned: "
+            + ", ".join(f"{p.fault} at {p.at_s / 60:.1f} min" for p in self.plan)
         )
-        self.injector = Injector(ctx, plan, self.args.seed, self.t0)
-        self.lag = LagSampler(ctx.client, ctx.group, ctx.topics.chunks, self.args.lag_s, self.t0)
-        self.injector.start()
-        self.lag.start()
+        self.sampler.start()
 
     def _start_readers(self) -> None:
         ctx = self.ctx
@@ -361,7 +320,6 @@ class Soak:
                 f"listener-{isolation}",
                 codeclog_command("listen", *where, "--isolation", isolation),
             )
-        self.exporter_port = pick_free_port()
         self.others.start(
             "exporter",
             codeclog_command(
@@ -374,7 +332,7 @@ class Soak:
                 "--group",
                 ctx.group,
                 "--interval",
-                str(EXPORTER_INTERVAL_S),
+                f"{self.args.lag_s:g}",
             ),
         )
 
@@ -393,16 +351,42 @@ class Soak:
     # -- run --------------------------------------------------------------------------------
 
     def run(self) -> None:
-        next_sample = self.t0
-        while True:
-            now = time.monotonic()
-            if now >= next_sample:
-                self.sample()
-                next_sample += self.args.sample_s
-            if now - self.t0 >= self.duration_s:
-                return
+        """The faults, each at its time, in this (the main) thread: a node a fault restarts dies
+        with the thread that started it (PR_SET_PDEATHSIG), so that is the soak's own; between
+        faults, the members are looked after."""
+        left = list(self.plan)
+        while (elapsed := time.monotonic() - self.t0) < self.duration_s:
+            if left and elapsed >= left[0].at_s:
+                self.done.append(self.inject(left.pop(0).fault))
+                continue
             self.supervise()
-            time.sleep(min(1.0, max(0.0, next_sample - time.monotonic())))
+            time.sleep(1.0)
+        self.sampler.join(self.args.sample_s + 60)
+
+    def inject(self, fault: str) -> FaultRecord:
+        ctx = self.ctx
+        assert ctx is not None
+        started = time.monotonic() - self.t0
+        say(f"fault {fault} at {started / 60:.1f} min")
+        error = ""
+        try:
+            inject(ctx, fault, self.rng)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        try:
+            with_nodes_up(ctx.cluster)
+        except Exception as exc:
+            error = error or f"nodes not up again: {type(exc).__name__}: {exc}"
+        what = "; ".join(ctx.notes) or "(not injected)"
+        ctx.notes.clear()
+        ended = round(time.monotonic() - self.t0, 1)
+        say(f"fault {fault}: {what}{'; ' + error if error else ''}")
+        return FaultRecord(fault, round(started, 1), ended, what, error)
+
+    @property
+    def next_fault(self) -> PlannedFault | None:
+        left = self.plan[len(self.done) :]
+        return left[0] if left else None
 
     def pids(self) -> dict[str, int | None]:
         ctx, cluster = self.ctx, self.cluster
@@ -419,7 +403,7 @@ class Soak:
         pids["toxiproxy"] = links.pid if links is not None else None
         return pids
 
-    def sample(self) -> None:
+    def sample(self, lag: LagPoint | None) -> None:
         at = time.monotonic() - self.t0
         processes = {role: sample_process(pid) for role, pid in self.pids().items()}
         members: dict[str, dict[str, float]] = {}
@@ -432,8 +416,7 @@ class Soak:
             members[name] = member_figures(values)
             if "windows" in members[name]:
                 counters[name] = Counter(at, process.pid, members[name]["windows"])
-        assert self.lag is not None
-        last_lag = self.lag.points[-1] if self.lag.points else LagPoint(at, None, None, None)
+        last_lag = lag or LagPoint(at, None, None, None)
         sample = Sample(
             round(at, 1),
             processes,
@@ -448,8 +431,7 @@ class Soak:
         self.progress(sample)
 
     def progress(self, s: Sample) -> None:
-        assert self.injector is not None
-        nxt = self.injector.next_fault
+        nxt = self.next_fault
         upcoming = f"next {nxt.fault} at {nxt.at_s / 60:.1f} min" if nxt else "no more"
         rss = " ".join(
             f"{_short(role)} {p.rss_bytes / 1e6:.0f}"
@@ -458,7 +440,7 @@ class Soak:
         )
         present = [p for p in s.processes.values() if p is not None]
         say(
-            f"{s.at_s / 60:5.1f}/{self.args.minutes:g} min | faults {len(self.injector.done)} "
+            f"{s.at_s / 60:5.1f}/{self.args.minutes:g} min | faults {len(self.done)} "
             f"({upcoming}) | lag {_fig(s.lag_records)} rec {_fig(s.lag_s, 1)} s "
             f"{_fig(s.audio_lag_s, 1)} s audio | {_fig(s.windows_per_s, 1)} windows/s | RSS MB "
             f"{rss} | fds {sum(p.fds for p in present)} | threads {sum(p.threads for p in present)}"
@@ -466,39 +448,32 @@ class Soak:
 
     def supervise(self) -> None:
         """A member that exited on its own is a finding, and is started again (as a supervisor
-        would), unless a fault is restarting it right now."""
-        ctx, injector = self.ctx, self.injector
-        assert ctx is not None and injector is not None
-        if not injector.busy.acquire(blocking=False):
-            return
-        try:
-            for name in MEMBERS:
-                process = ctx.members.latest[name]
-                if process.poll() is not None and process.returncode != -signal.SIGKILL:
-                    at = (time.monotonic() - self.t0) / 60
-                    self.failures.append(
-                        f"member {name} exited {process.returncode} at {at:.1f} min"
-                    )
-                    say(f"member {name} exited {process.returncode}: started again")
-                    ctx.start_member(name)
-            for role, process in self.others.running.items():
-                if process.poll() is not None and not any(role in f for f in self.failures):
-                    self.failures.append(f"{role} exited {process.returncode}")
-                    say(f"{role} exited {process.returncode} ({self.others.logs}/{role}.err)")
-        finally:
-            injector.busy.release()
+        would); so is any other process that exited (it is not started again). Between faults
+        only: a fault restarts its own member."""
+        ctx = self.ctx
+        assert ctx is not None
+        for name in MEMBERS:
+            process = ctx.members.latest[name]
+            if process.poll() is not None and process.returncode != -signal.SIGKILL:
+                at = (time.monotonic() - self.t0) / 60
+                self.failures.append(f"member {name} exited {process.returncode} at {at:.1f} min")
+                say(f"member {name} exited {process.returncode}: started again")
+                ctx.start_member(name)
+        for role, process in self.others.running.items():
+            if process.poll() is not None and not any(role in f for f in self.failures):
+                self.failures.append(f"{role} exited {process.returncode}")
+                say(f"{role} exited {process.returncode} ({self.others.logs}/{role}.err)")
 
     # -- end --------------------------------------------------------------------------------
 
     def wind_down(self) -> dict[str, Any]:
         """Stop the load, wait for the group to drain, stop everything but the cluster; what
         the talker and the listeners said."""
-        ctx, injector = self.ctx, self.injector
-        assert ctx is not None and injector is not None
-        injector.halt.set()
+        ctx = self.ctx
+        assert ctx is not None
+        self.sampler.halt.set()
         say("stopping the talker (it finishes its round and delivers what it holds)")
         self.others.stop("talker", signal.SIGTERM, TALKER_CLOSE_S + 3 * self.args.round_s)
-        injector.join(600)  # a fault under way finishes first
         talker = _last_json(self.others.text("talker", "out"))
         say("waiting for the group to commit everything")
         why = wait_group_drained(ctx.client, ctx.group, ctx.topics.chunks, DRAIN_S)
@@ -517,9 +492,6 @@ class Soak:
             if code not in (0, None):
                 self.failures.append(f"{role} exited {code}")
         self.others.stop("exporter", signal.SIGTERM, STOP_S)
-        assert self.lag is not None
-        self.lag.halt.set()
-        self.lag.join(30)
         return {"talker": talker, "listeners": listeners}
 
     def checks(self, ended: dict[str, Any]) -> tuple[Correctness, dict[str, Any]]:
@@ -527,8 +499,8 @@ class Soak:
         from codeclog.consumers.readers.verify import verify
         from codeclog.vocoder.engine import Code2WavEngine
 
-        ctx, injector = self.ctx, self.injector
-        assert ctx is not None and injector is not None
+        ctx = self.ctx
+        assert ctx is not None
         say("verify: replaying the chunk topic offline (the tiny vocoder)")
         report = verify(ctx.client, ctx.topics, Code2WavEngine.from_spec("tiny"))
         say("the audit and the history checker")
@@ -556,7 +528,7 @@ class Soak:
             correct.failures.append(f"talker: {talker['error']}")
         if not checked.ok and not any(correct.anomalies.values()) and not correct.duplicated:
             correct.failures.append(f"audit: {checked.summary()}")
-        correct.failures += [f"fault {f.fault}: {f.error}" for f in injector.done if f.error]
+        correct.failures += [f"fault {f.fault}: {f.error}" for f in self.done if f.error]
         details = {
             "verify": {
                 "ok": report.ok,
@@ -576,9 +548,7 @@ class Soak:
 
     def stop_all(self) -> None:
         """Whatever still runs, at once (the end, an error, Ctrl-C)."""
-        for thread in (self.injector, self.lag):
-            if thread is not None:
-                thread.halt.set()
+        self.sampler.halt.set()
         if self.ctx is not None:
             self.ctx.members.kill_all()
         for role in list(self.others.running):
@@ -627,10 +597,9 @@ def report(
     soak: Soak, correct: Correctness, details: dict[str, Any], took_s: float
 ) -> tuple[str, dict[str, Any]]:
     """Print the tables and the verdict line (last); the JSON document."""
-    assert soak.injector is not None and soak.lag is not None
-    faults = soak.injector.done
+    faults = soak.done
     windows = as_faults([dataclasses.asdict(f) for f in faults])
-    points = soak.lag.points
+    points = soak.sampler.points
     quarters = quarter_p99(points, soak.duration_s, windows)
     whole = percentile([p.lag_s for p in points if p.lag_s is not None], 99)
     found = growths(soak.samples, soak.duration_s, judged=lambda role: role not in TOOLING)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import codeclog
+from codeclog.devtools.broker import parent_death_hook
 from codeclog.errors import CodeclogError
 from codeclog.lag.drain import undrained, wait_drained
 
@@ -48,6 +49,9 @@ class Members:
     latest: dict[str, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
     name_of: dict[int, str] = dataclasses.field(default_factory=dict)  # pid -> instance id
     exits: list[str] = dataclasses.field(default_factory=list)  # what stop/kill saw
+    # SIGTERM from the kernel when the thread that started a member dies (the soak: a harness
+    # that dies leaves no member behind)
+    die_with_parent: bool = False
 
     def start(
         self,
@@ -67,6 +71,7 @@ class Members:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**child_env(), **(env or {})},
+                preexec_fn=parent_death_hook() if self.die_with_parent else None,
             )
         self.processes.append(process)
         self.log_of[process.pid] = path

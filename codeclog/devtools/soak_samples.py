@@ -11,11 +11,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-from codeclog.lag.measure import PartitionMeasurement
 
 PROC = Path("/proc")
 KIB = 1024
@@ -149,19 +147,22 @@ class LagPoint:
     audio_s: float | None
 
 
-def group_lag(
-    partitions: Sequence[PartitionMeasurement],
-) -> tuple[int | None, float | None, float | None]:
-    """(records, worst time lag s, audio s) over a GroupMeasurement's partitions; a figure that
-    no partition knows is None."""
-    records = [p.lag for p in partitions if p.lag is not None]
-    times = [p.time_lag_s for p in partitions if p.time_lag_s is not None]
-    audio = [p.audio_lag_s for p in partitions if p.audio_lag_s is not None]
-    return (
-        sum(records) if records else None,
-        max(times) if times else None,
-        sum(audio) if audio else None,
-    )
+# What the lag exporter's page (`codeclog lag-exporter`, codeclog.lag.exporter) gives the soak
+EXPORTER_LAG = {
+    "records": "kafka_consumergroup_group_sum_lag",
+    "lag_s": "kafka_consumergroup_group_max_lag_seconds",
+    "audio_s": "codeclog_audio_lag_seconds",  # per partition: added up
+}
+
+
+def exporter_lag(at_s: float, values: Mapping[str, float] | None) -> LagPoint:
+    """The group's lag as the exporter measured it last (codeclog.lag.measure): records over
+    every partition, the worst partition's time lag, the audio seconds waiting over every
+    partition. A figure the page lacks (a failed measurement drops the group's series) is
+    None, and so is everything when the page could not be read."""
+    got = {key: (values or {}).get(name) for key, name in EXPORTER_LAG.items()}
+    records = got["records"]
+    return LagPoint(at_s, None if records is None else int(records), got["lag_s"], got["audio_s"])
 
 
 LISTENER_FIGURES = {

@@ -17,9 +17,10 @@ DRIFT  nothing wrong yet, but something creeps: over the second half of the run 
        both).
 OK     neither.
 
-A process restarted within the second half (a broker node or member a after a fault) is fitted
-over its last incarnation when that covers at least MIN_FIT_SHARE of the half and
-MIN_FIT_SAMPLES samples; else it is left out of the verdict, and the table says why. Tooling
+A process restarted during the run (a broker node or member a after a fault) is fitted over its
+last process only, from RESTART_WARMUP_S after its restart (its own warm-up is no leak) or the
+half, whichever is later. A fit needs MIN_FIT_SAMPLES samples over MIN_FIT_SHARE of the half;
+else the process is left out of the verdict, and the table says why. Tooling
 (Toxiproxy) is sampled and shown, never judged: it is no part of a deployment.
 """
 
@@ -35,7 +36,8 @@ from codeclog.devtools.stats import percentile
 GROWTH_LIMIT_PCT = 5.0
 MIN_COUNT_RISE = 3  # fds and threads: a fitted rise of fewer is a reconnect, not a leak
 MIN_FIT_SAMPLES = 3
-MIN_FIT_SHARE = 0.5  # of the second half, for a process restarted in it
+MIN_FIT_SHARE = 0.25  # of the second half: a fit spans at least this much of it
+RESTART_WARMUP_S = 300.0  # a restarted process is fitted from this long after its restart
 LAG_CREEP_S = 0.5
 LAG_CREEP_RATIO = 0.25
 FAULT_SETTLE_S = 60.0
@@ -98,24 +100,32 @@ class Growth:
 
 
 def last_incarnation(
-    samples: Sequence[Sample], role: str, since_s: float
-) -> tuple[list[tuple[float, ProcessSample]], str]:
-    """The samples of `role` from `since_s` on that belong to its last process (the trailing
-    run of one pid), and a note when an earlier process was seen in that span."""
-    present = [
-        (s.at_s, p)
-        for s in samples
-        if s.at_s >= since_s and (p := s.processes.get(role)) is not None
-    ]
+    samples: Sequence[Sample], role: str
+) -> tuple[list[tuple[float, ProcessSample]], float | None]:
+    """The samples of `role`'s last process (the trailing run of one pid), and when it was
+    first seen if an earlier process of the role was seen before it (a restart), else None."""
+    present = [(s.at_s, p) for s in samples if (p := s.processes.get(role)) is not None]
     if not present:
-        return [], "not running"
+        return [], None
     pid = present[-1][1].pid
     start = len(present)
     while start > 0 and present[start - 1][1].pid == pid:
         start -= 1
     mine = present[start:]
-    note = f"restarted at {mine[0][0] / 60:.1f} min" if start > 0 else ""
-    return mine, note
+    return mine, mine[0][0] if start > 0 else None
+
+
+def fit_window(samples: Sequence[Sample], role: str, duration_s: float) -> tuple[float, str]:
+    """Where `role`'s fit starts: the second half of the run, and for a process restarted
+    during the run no sooner than RESTART_WARMUP_S after its restart (its own warm-up is no
+    leak); and the note that says so."""
+    _, restarted = last_incarnation(samples, role)
+    if restarted is None:
+        return duration_s / 2, ""
+    return (
+        max(duration_s / 2, restarted + RESTART_WARMUP_S),
+        f"restarted at {restarted / 60:.1f} min",
+    )
 
 
 def growths(
@@ -123,17 +133,21 @@ def growths(
     duration_s: float,
     judged: Callable[[str], bool] = lambda role: True,
 ) -> list[Growth]:
-    """Every process's growth of each figure (METRICS) over the second half of the run; a
-    role that `judged` refuses is fitted and shown, never judged."""
-    half = duration_s / 2
+    """Every process's growth of each figure (METRICS) over the second half of the run (its
+    last process's, `fit_window`); a role that `judged` refuses is fitted and shown, never
+    judged. A fit needs MIN_FIT_SAMPLES samples over at least MIN_FIT_SHARE of the half."""
     roles = list(dict.fromkeys(role for s in samples for role in s.processes))
     result = []
     for role in roles:
-        mine, note = last_incarnation(samples, role, half)
+        last, _ = last_incarnation(samples, role)
+        since, note = fit_window(samples, role, duration_s)
+        mine = [(t, p) for t, p in last if t >= since]
         span = mine[-1][0] - mine[0][0] if mine else 0.0
-        fitted = len(mine) >= MIN_FIT_SAMPLES and (not note or span >= MIN_FIT_SHARE * half)
-        if mine and note and not fitted:
-            note += ": too little of the half left to fit"
+        fitted = len(mine) >= MIN_FIT_SAMPLES and span >= MIN_FIT_SHARE * duration_s / 2
+        if not last:
+            note = "not running"
+        elif not fitted:
+            note = f"{note}: too little left to fit" if note else "too few samples to fit"
         times = [t for t, _ in mine]
         for metric in METRICS:
             values = [float(getattr(p, metric)) for _, p in mine]

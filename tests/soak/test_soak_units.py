@@ -21,6 +21,7 @@ from codeclog.devtools.soak_samples import (
     LagPoint,
     ProcessSample,
     Sample,
+    exporter_lag,
     listener_progress,
     member_figures,
     metric_values,
@@ -103,6 +104,18 @@ def test_the_member_serves_every_figure_the_soak_reads() -> None:
     assert served["windows"] == 5 and served["fold_state_bytes"] == 1000
 
 
+def test_the_groups_lag_is_read_from_the_exporters_page() -> None:
+    page = """kafka_consumergroup_group_sum_lag{cluster_name="c",group="g"} 14.0
+kafka_consumergroup_group_max_lag_seconds{cluster_name="c",group="g"} 0.6
+codeclog_audio_lag_seconds{cluster_name="c",group="g",topic="t",partition="0"} 0.4
+codeclog_audio_lag_seconds{cluster_name="c",group="g",topic="t",partition="1"} 0.5
+"""
+    assert exporter_lag(5.0, metric_values(page)) == LagPoint(5.0, 14, 0.6, pytest.approx(0.9))
+    assert exporter_lag(5.0, None) == LagPoint(5.0, None, None, None)  # no page: unknown
+    gone = metric_values("kafka_consumergroup_group_sum_lag 3\n")  # the rest dropped: a failure
+    assert exporter_lag(5.0, gone) == LagPoint(5.0, 3, None, None)
+
+
 def test_windows_per_second_counts_a_restarted_member_from_zero() -> None:
     before = {"a": Counter(0.0, 11, 100.0), "b": Counter(0.0, 12, 50.0)}
     now = {"a": Counter(60.0, 11, 400.0), "b": Counter(60.0, 99, 60.0)}  # b restarted
@@ -176,6 +189,22 @@ def test_a_process_restarted_late_in_the_half_is_not_judged_and_says_why() -> No
     assert found.percent is None and found.note.startswith("restarted at 10.0 min")
     word, _ = verdict(Correctness(), growths(samples, 600.0), [1.0, 1.0, 1.0, 1.0])
     assert word == OK
+
+
+def test_a_process_restarted_in_the_half_is_fitted_after_its_own_warm_up() -> None:
+    """Member a after the `member` fault: a new process at 12 min of 20, growing to its working
+    size for four minutes, then flat: no drift. Fitted from 17 min (five after the restart)."""
+
+    def member(minute: int) -> ProcessSample:
+        if minute < 12:
+            return ProcessSample(100, int(900e6), 30, 17)
+        return ProcessSample(200, int((600 + 80 * min(minute - 12, 4)) * 1e6), 30, 17)
+
+    rows = [Sample(60.0 * m, {"member-a": member(m)}, {}) for m in range(21)]
+    found = next(g for g in growths(rows, 1200.0) if g.metric == "rss_bytes")
+    assert found.percent == pytest.approx(0.0) and found.samples == 4
+    assert found.note == "restarted at 12.0 min"
+    assert verdict(Correctness(), growths(rows, 1200.0), [])[0] == OK
 
 
 def test_a_small_absolute_rise_of_threads_or_fds_is_no_drift() -> None:
