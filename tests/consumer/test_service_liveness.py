@@ -364,3 +364,57 @@ def test_init_transactions_at_start_gives_up_on_a_fatal_error() -> None:
     with pytest.raises(KafkaException):
         transactions.init_with_retry(60, threading.Event())
     assert producer.calls == 1
+
+
+class _Producer:
+    """A producer whose commit can be held inside librdkafka (`hold`), and that says when it
+    was closed (purged and flushed: then dropped, destroyed)."""
+
+    def __init__(self, config: Any = None) -> None:
+        self.hold = threading.Event()
+        self.hold.set()
+        self.closed = threading.Event()
+
+    def init_transactions(self, timeout: float) -> None:
+        pass
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.hold.wait()
+
+    def purge(self) -> None:
+        pass
+
+    def flush(self, timeout: float) -> int:
+        self.closed.set()
+        return 0
+
+
+def test_a_producer_given_up_on_is_destroyed_once_no_call_is_inside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A member that rides out a fault every few minutes gives up on a producer now and then
+    (a fatal error, a stuck call): each used to stay for the life of the process with its
+    threads and sockets (issue 43's soak: member b +14 threads, +26 fds after two). A fatal
+    one is destroyed at once; a stuck one once its call returned, not before."""
+    monkeypatch.setattr(transaction_module, "Producer", _Producer)
+    transactions = _transactions(_service(kafka_timeout_s=0.1))
+    fatal_one = _Producer()
+    transactions.producer = fatal_one  # type: ignore[assignment]
+    fatal = KafkaError(KafkaError.INVALID_TXN_STATE, "invalid state", fatal=True)
+    transactions.handle_error(KafkaException(fatal))
+    transactions.ensure_producer("fatal")
+    assert fatal_one.closed.wait(5) and transactions.abandoned == 0
+
+    stuck_one = transactions.producer
+    assert isinstance(stuck_one, _Producer)
+    stuck_one.hold.clear()
+    with pytest.raises(StuckCallError) as stuck:
+        transactions.commit()
+    transactions.handle_error(stuck.value)
+    transactions.ensure_producer("stuck")
+    assert transactions.abandoned == 1 and not stuck_one.closed.is_set()  # its call is inside
+    stuck_one.hold.set()  # the call returns
+    assert stuck.value.worker is not None
+    stuck.value.worker.join(5)
+    transactions.ensure_producer()  # the next replacement or step reaps it
+    assert stuck_one.closed.wait(5) and transactions.abandoned == 0
