@@ -558,6 +558,14 @@ class Soak:
                 self.cluster.stop()
 
 
+def filling(role: str) -> float:
+    """Seconds a role's working set fills by design: a listener remembers each ended stream
+    for ListenerConfig.ended_ttl_s (docs/listening.md)."""
+    from codeclog.consumers.readers.deliveries import ListenerConfig
+
+    return ListenerConfig().ended_ttl_s if role.startswith("listener-") else 0.0
+
+
 def _short(role: str) -> str:
     return role.replace("member-", "").replace("listener-", "").replace("node-", "n")
 
@@ -602,7 +610,7 @@ def report(
     points = soak.sampler.points
     quarters = quarter_p99(points, soak.duration_s, windows)
     whole = percentile([p.lag_s for p in points if p.lag_s is not None], 99)
-    found = growths(soak.samples, soak.duration_s, judged=lambda role: role not in TOOLING)
+    found = growths(soak.samples, soak.duration_s, lambda role: role not in TOOLING, filling)
     word, reasons = verdict(correct, found, quarters)
     print()
     print("| fault | at min | what happened | error |\n|---|---:|---|---|")

@@ -17,11 +17,13 @@ DRIFT  nothing wrong yet, but something creeps: over the second half of the run 
        both).
 OK     neither.
 
-A process restarted during the run (a broker node or member a after a fault) is fitted over its
-last process only, from RESTART_WARMUP_S after its restart (its own warm-up is no leak) or the
-half, whichever is later. A fit needs MIN_FIT_SAMPLES samples over MIN_FIT_SHARE of the half;
-else the process is left out of the verdict, and the table says why. Tooling
-(Toxiproxy) is sampled and shown, never judged: it is no part of a deployment.
+A process whose working set fills by design for longer than half the run (the listeners
+remember ended streams for ten minutes) is fitted only after that. A process restarted during
+the run (a broker node or member a after a fault) is fitted over its last process only, from
+RESTART_WARMUP_S after its restart (its own warm-up is no leak) or the half, whichever is
+later. A fit needs MIN_FIT_SAMPLES samples over MIN_FIT_SHARE of the half; else the process is
+left out of the verdict, and the table says why. Tooling (Toxiproxy) is sampled and shown,
+never judged: it is no part of a deployment.
 """
 
 from __future__ import annotations
@@ -115,32 +117,40 @@ def last_incarnation(
     return mine, mine[0][0] if start > 0 else None
 
 
-def fit_window(samples: Sequence[Sample], role: str, duration_s: float) -> tuple[float, str]:
-    """Where `role`'s fit starts: the second half of the run, and for a process restarted
-    during the run no sooner than RESTART_WARMUP_S after its restart (its own warm-up is no
-    leak); and the note that says so."""
+def fit_window(
+    samples: Sequence[Sample], role: str, duration_s: float, filling_s: float = 0.0
+) -> tuple[float, str]:
+    """Where `role`'s fit starts: the second half of the run; not before `filling_s` (a
+    working set that fills by design for that long: the listeners remember ten minutes of
+    ended streams); for a process restarted during the run, no sooner than RESTART_WARMUP_S
+    after its restart (its own warm-up is no leak). And the note that says why, if not the
+    half."""
     _, restarted = last_incarnation(samples, role)
-    if restarted is None:
-        return duration_s / 2, ""
-    return (
-        max(duration_s / 2, restarted + RESTART_WARMUP_S),
-        f"restarted at {restarted / 60:.1f} min",
-    )
+    since, notes = duration_s / 2, []
+    if filling_s > since:
+        since = filling_s
+        notes.append(f"fills its working set for {filling_s / 60:g} min")
+    if restarted is not None:
+        since = max(since, restarted + RESTART_WARMUP_S)
+        notes.append(f"restarted at {restarted / 60:.1f} min")
+    return since, "; ".join(notes)
 
 
 def growths(
     samples: Sequence[Sample],
     duration_s: float,
     judged: Callable[[str], bool] = lambda role: True,
+    filling: Callable[[str], float] = lambda role: 0.0,
 ) -> list[Growth]:
     """Every process's growth of each figure (METRICS) over the second half of the run (its
-    last process's, `fit_window`); a role that `judged` refuses is fitted and shown, never
-    judged. A fit needs MIN_FIT_SAMPLES samples over at least MIN_FIT_SHARE of the half."""
+    last process's, from `fit_window`, `filling(role)` the seconds its working set fills by
+    design); a role that `judged` refuses is fitted and shown, never judged. A fit needs
+    MIN_FIT_SAMPLES samples over at least MIN_FIT_SHARE of the half."""
     roles = list(dict.fromkeys(role for s in samples for role in s.processes))
     result = []
     for role in roles:
         last, _ = last_incarnation(samples, role)
-        since, note = fit_window(samples, role, duration_s)
+        since, note = fit_window(samples, role, duration_s, filling(role))
         mine = [(t, p) for t, p in last if t >= since]
         span = mine[-1][0] - mine[0][0] if mine else 0.0
         fitted = len(mine) >= MIN_FIT_SAMPLES and span >= MIN_FIT_SHARE * duration_s / 2

@@ -207,6 +207,24 @@ def test_a_process_restarted_in_the_half_is_fitted_after_its_own_warm_up() -> No
     assert verdict(Correctness(), growths(rows, 1200.0), [])[0] == OK
 
 
+def test_a_working_set_that_fills_by_design_is_fitted_once_full() -> None:
+    """A listener remembers ten minutes of ended streams: it grows for ten minutes, then no
+    more. In a 10-minute run it is not judged (and says why); in 20 minutes, from minute 10."""
+    rows = [sample(60.0 * m, **{"listener-committed": 55 + min(m, 10)}) for m in range(21)]
+
+    def ten_minutes(role: str) -> float:
+        return 600.0
+
+    short = next(
+        g for g in growths(rows[:11], 600.0, filling=ten_minutes) if g.metric == "rss_bytes"
+    )
+    assert short.percent is None and short.note.startswith("fills its working set for 10 min")
+    full = next(g for g in growths(rows, 1200.0, filling=ten_minutes) if g.metric == "rss_bytes")
+    assert full.percent == pytest.approx(0.0)
+    grown = next(g for g in growths(rows[:11], 600.0) if g.metric == "rss_bytes")
+    assert grown.percent is not None and grown.percent > 5  # judged from 5 min: a drift
+
+
 def test_a_small_absolute_rise_of_threads_or_fds_is_no_drift() -> None:
     rows = [
         Sample(60.0 * m, {"talker": ProcessSample(5, int(40e6), 14, 7 + (m >= 8))}, {})
