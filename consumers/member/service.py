@@ -208,6 +208,8 @@ class VocoderService:
         while not self._stop.is_set():
             records = self._poll()
             if not records:
+                if not self.transactions.committing:  # a failure never waits for a next step
+                    self._settle()
                 if not self.intake.assignment():
                     idle_since = time.monotonic()  # idle means "assigned and nothing to do"
                     continue

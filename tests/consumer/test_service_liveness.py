@@ -418,3 +418,31 @@ def test_a_producer_given_up_on_is_destroyed_once_no_call_is_inside_it(
     stuck.value.worker.join(5)
     transactions.ensure_producer()  # the next replacement or step reaps it
     assert stuck_one.closed.wait(5) and transactions.abandoned == 0
+
+
+def test_an_idle_member_handles_a_failed_transaction_at_once() -> None:
+    """A transaction that fails while the member has nothing to do (its partitions just went
+    to another member, or are quiet) is aborted at once, not at the member's next step: left
+    open, it holds every read_committed reader of its partitions, and the new owner's
+    recovery waits for it (issue 43's soak: member a, cut from its group coordinator and then
+    without partitions, kept its transaction open 60 s, until the coordinator's timeout)."""
+    service = _service()
+    handled: list[BaseException] = []
+    polls: list[int] = []  # failures handled when each poll began
+
+    def poll() -> list[Any]:
+        polls.append(len(handled))
+        if len(polls) > 1:
+            service.stop()
+        return []
+
+    intake: Any = service.intake
+    intake.poll = poll
+    intake.assignment = lambda: []  # its partitions went to another member
+    transactions = _transactions(service)
+    failure = KafkaException(KafkaError(KafkaError._TRANSPORT, "coordinator gone", retriable=True))
+    transactions._writer._error = failure  # the writer's transaction failed meanwhile
+    transactions.handle_error = handled.append  # type: ignore[method-assign]
+    service._rebuild_after = lambda exc: None  # type: ignore[method-assign]
+    service._loop()
+    assert handled == [failure] and polls == [0, 1]  # on the first idle pass, not at the end
