@@ -72,6 +72,8 @@ class FaultContext:
     talker_client: dict[str, str] = dataclasses.field(default_factory=dict)
     member_env: dict[str, str] = dataclasses.field(default_factory=dict)  # member a's
     talker_clock: SkewedClock = dataclasses.field(default_factory=lambda: SkewedClock())
+    # more `codeclog vocode` options per member, kept across restarts (the soak's metrics port)
+    member_args: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def start_member(self, name: str) -> None:
         client = self.member_client if name == "a" and self.member_client else self.client
@@ -88,6 +90,7 @@ class FaultContext:
             # the whole cluster down takes ~75 s here (15 s + a cold start): past the 60 s default
             "--outage-timeout",
             str(MEMBER_OUTAGE_S),
+            *self.member_args.get(name, ()),
             env=self.member_env if name == "a" else None,
         )
 

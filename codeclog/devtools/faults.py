@@ -164,7 +164,8 @@ def _fresh_run(cluster: LocalCluster, fault: str, workdir: Path) -> FaultContext
     return ctx
 
 
-def _inject(ctx: FaultContext, fault: str, rng: random.Random) -> None:
+def inject(ctx: FaultContext, fault: str, rng: random.Random) -> None:
+    """One fault of the matrix (fault_actions, network_faults) into `ctx`'s cluster."""
     if fault in NETWORK_FAULT_ACTIONS:
         if not ctx.cluster.layout().faultable:
             raise LinkUsageError(f"{fault} needs a faultable cluster (--faultable)")
@@ -210,7 +211,7 @@ def run_fault(
         delay = rng.uniform(inject_after_s, inject_after_s + 8.0)
         time.sleep(delay)
         fault_at = time.time()
-        _inject(ctx, fault, rng)
+        inject(ctx, fault, rng)
         fault_end = time.time()
         time.sleep(AFTER_FAULT_S)
     except Exception as exc:
@@ -228,7 +229,7 @@ def run_fault(
     listener.stop()
     report = verify(client, topics, engine)
     checked: AuditReport = audit(client, topics.audio, topics.dlq)
-    history, history_logs = _history(ctx)
+    history, history_logs = check_history(ctx)
     matches = (
         len(checked.windows) == report.expected_windows
         and not report.missing
@@ -267,7 +268,7 @@ def run_fault(
     )
 
 
-def _history(ctx: FaultContext) -> tuple[dict[str, list[str]], str]:
+def check_history(ctx: FaultContext) -> tuple[dict[str, list[str]], str]:
     """The independent history check (codeclog.devtools.history) of the run, with the fate of
     every transactional batch read from its partition leader's log segments, and the line
     saying which logs those were. It never stops the matrix: a checker that fails is a finding

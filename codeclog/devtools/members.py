@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import codeclog
+from codeclog.devtools.broker import parent_death_hook
 from codeclog.errors import CodeclogError
 from codeclog.lag.drain import undrained, wait_drained
 
@@ -30,7 +31,7 @@ class MemberError(CodeclogError):
         self.log = log
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """This environment, unbuffered, with the folder of the codeclog this process runs first
     on PYTHONPATH (a checkout that is not installed runs its own members)."""
     here = str(Path(codeclog.__file__).resolve().parents[1])
@@ -48,6 +49,9 @@ class Members:
     latest: dict[str, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
     name_of: dict[int, str] = dataclasses.field(default_factory=dict)  # pid -> instance id
     exits: list[str] = dataclasses.field(default_factory=list)  # what stop/kill saw
+    # SIGTERM from the kernel when the thread that started a member dies (the soak: a harness
+    # that dies leaves no member behind)
+    die_with_parent: bool = False
 
     def start(
         self,
@@ -66,7 +70,8 @@ class Members:
                 [*command, *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**_child_env(), **(env or {})},
+                env={**child_env(), **(env or {})},
+                preexec_fn=parent_death_hook() if self.die_with_parent else None,
             )
         self.processes.append(process)
         self.log_of[process.pid] = path

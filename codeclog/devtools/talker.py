@@ -45,10 +45,13 @@ class Voice:
         realtime: bool,
         on_progress: Callable[[Progress], None] | None = None,
     ) -> int:
-        """Play `speech` (in real time, or as fast as possible); the records it published."""
+        """Play `speech` (in real time, or as fast as possible); the records it published. Its
+        sessions are over when it returns: the talker forgets them (a voice that speaks round
+        after round for hours keeps no state per finished request)."""
         config = SyntheticConfig(sessions=speech.sessions, seconds=speech.seconds, seed=speech.seed)
+        sessions = scripts(config)
         result = play(
-            merged(scripts(config)),
+            merged(sessions),
             self.talker.apply,
             total_s=speech.seconds,
             realtime=realtime,
@@ -57,6 +60,8 @@ class Voice:
             now_ms=self.now_ms,
             on_progress=on_progress,
         )
+        for session in sessions:
+            self.talker.forget(session.request_id)
         self.records += result.records
         return result.records
 

@@ -67,11 +67,13 @@ class ClusterUnavailableError(InfrastructureError):
 
 
 class StuckCallError(CodeclogError):
-    """A librdkafka call did not return within its timeout plus CALL_GRACE_S."""
+    """A librdkafka call did not return within its timeout plus CALL_GRACE_S; `worker` is the
+    thread still inside it (None when no call is inside: a local queue that stayed full)."""
 
-    def __init__(self, what: str, waited_s: float) -> None:
+    def __init__(self, what: str, waited_s: float, worker: threading.Thread | None = None) -> None:
         super().__init__(f"{what} did not return within {waited_s:g} s")
         self.what = what
+        self.worker = worker
 
 
 def bounded(what: str, call: Callable[[], T], timeout_s: float) -> T:
@@ -90,7 +92,7 @@ def bounded(what: str, call: Callable[[], T], timeout_s: float) -> T:
     worker.start()
     worker.join(limit)
     if worker.is_alive() or not box:
-        raise StuckCallError(what, limit)
+        raise StuckCallError(what, limit, worker)
     ok, value = box[0]
     if not ok:
         raise value

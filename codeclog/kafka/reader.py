@@ -8,7 +8,14 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from codeclog.kafka.access import refusal, refusal_of_unused, refused_kind
 from codeclog.kafka.calls import ClusterUnavailableError, InfrastructureError
@@ -72,36 +79,72 @@ def read_partition(
 def read_partitions(
     client_config: dict[str, str], topic: str, partitions: list[int], timeout_s: float = 10.0
 ) -> dict[int, list[InputRecord]]:
-    """Every committed record of several partitions of `topic` up to their ends, with one
-    reader (`read_partition` for each would pay a client start-up per partition). Gives up
-    (ClusterUnavailableError) when nothing arrives for `timeout_s`, however long the read."""
+    """Every committed record of several partitions of `topic`, with one reader
+    (`read_partition` for each would pay a client start-up per partition), up to each
+    partition's high watermark as it was when the read began: the read ends only once every
+    transaction written there before it is decided. A read_committed reader stops at the last
+    stable offset, the first record of a transaction still open: a member that lost its
+    partitions mid-transaction leaves one open until it is aborted, and everything committed
+    after it (the new owner's checkpoints) would be silently missing. Gives up
+    (ClusterUnavailableError) when nothing arrives for `timeout_s`, however long the read; the
+    message says when an open transaction is what it waits for."""
     result: dict[int, list[InputRecord]] = {p: [] for p in partitions}
     if not partitions:
         return result
-    waiting = set(partitions)
     consumer = Consumer(_reader_config(client_config))
     try:
+        ends = _high_watermarks(client_config, topic, partitions, timeout_s)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        waiting = {p for p in partitions if ends[p] > 0}
         deadline = time.monotonic() + timeout_s
         while waiting:
             if time.monotonic() > deadline:
-                raise ClusterUnavailableError(
-                    f"timed out reading {topic} partitions {sorted(waiting)} to their end"
-                )
+                raise ClusterUnavailableError(_not_read(consumer, topic, waiting, ends))
             messages = consumer.consume(500, 0.2)
-            if messages:
-                deadline = time.monotonic() + timeout_s
             for message in messages:
-                error = message.error()
-                if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                    waiting.discard(message.partition() or 0)
-                    continue
+                if message.error() is None:
+                    deadline = time.monotonic() + timeout_s
                 record = input_record(message, client_config, {"topic": f"READ topic {topic}"})
                 if record is not None:
                     result[record.position.partition].append(record)
+            waiting -= {p for p in waiting if _position(consumer, topic, p) >= ends[p]}
     finally:
         consumer.close()
     return result
+
+
+def _high_watermarks(
+    client_config: dict[str, str], topic: str, partitions: list[int], timeout_s: float
+) -> dict[int, int]:
+    """Each partition's high watermark (undecided transactions included: a read_committed
+    client would answer its last stable offset instead)."""
+    consumer = Consumer({**_reader_config(client_config), "isolation.level": "read_uncommitted"})
+    try:
+        return {
+            p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout_s)[1])
+            for p in partitions
+        }
+    except KafkaException as exc:
+        raise ClusterUnavailableError(
+            f"cannot read the end of {topic} partitions {sorted(partitions)}: "
+            f"{exc.args[0] if exc.args else exc}"
+        ) from exc
+    finally:
+        consumer.close()
+
+
+def _position(consumer: Consumer, topic: str, partition: int) -> int:
+    return int(consumer.position([TopicPartition(topic, partition)])[0].offset)
+
+
+def _not_read(consumer: Consumer, topic: str, waiting: set[int], ends: dict[int, int]) -> str:
+    where = ", ".join(
+        f"{topic}[{p}] at {_position(consumer, topic, p)} of {ends[p]}" for p in sorted(waiting)
+    )
+    return (
+        f"timed out reading {where}: nothing arrived (a transaction still open there holds a "
+        "read_committed reader, until it is committed or aborted)"
+    )
 
 
 def _reader_config(client_config: dict[str, str]) -> dict[str, Any]:

@@ -22,6 +22,10 @@ class TransactionBoundary(Protocol):
     def abandoned(self) -> int:
         """Producers given up on (stuck or fatal): the process must not destroy them."""
 
+    @property
+    def committing(self) -> bool:
+        """Steps are queued or being written."""
+
     def start(self, retry_for_s: float, stop: threading.Event) -> None:
         """A producer with transactions initialised (fencing a predecessor)."""
 

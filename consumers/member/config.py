@@ -60,6 +60,7 @@ class VocodeConfig:
             producer_id=self.transactional_id,
             dead_letter_raw_limit=dead_letter_raw_limit,
             eviction_cause=limit.cause,
+            report=False,
         )
 
     def intake(self, topic: str) -> IntakeConfig:

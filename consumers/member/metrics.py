@@ -38,6 +38,8 @@ class VocoderMetrics:
     decode_seconds: Any
     rtf: Any
     open_streams: Any
+    fold_state_bytes: Any
+    fold_requests: Any
     rejections: Any
     end_to_end_seconds: Any
     transactions: Any
@@ -81,6 +83,18 @@ class VocoderMetrics:
                 gauge, "rtf", "Real-time factor of the last step (decode seconds / audio seconds)"
             ),
             open_streams=metric(gauge, "open_streams", "Requests with an open stream"),
+            fold_state_bytes=metric(
+                gauge,
+                "fold_state_bytes",
+                "Bytes the fold state of the member's partitions holds, estimated from its "
+                "contents (open streams and tombstones; refreshed every few seconds)",
+            ),
+            fold_requests=metric(
+                gauge,
+                "fold_requests",
+                "Requests the fold state remembers: with an open stream, or as a tombstone "
+                "(refreshed every few seconds)",
+            ),
             rejections=metric(counter, "rejections", "Dead-lettered inputs by reason", "reason"),
             end_to_end_seconds=histogram(
                 "end_to_end_seconds",

@@ -51,6 +51,7 @@ from codeclog.topics_config import TopicsConfig
 
 log = logging.getLogger("codeclog.vocode")
 RETRY_PAUSE_S = 1.0  # between two recovery attempts while the cluster does not answer
+FOLD_GAUGES_EVERY_S = 5.0  # the fold state's size is estimated at most this often (it walks it)
 STAT_NAMES = ("records", "windows", "dead_letters", "duplicates", "steps", "void_steps")
 
 
@@ -115,6 +116,7 @@ class VocoderService:
         self._stop = stop_event or threading.Event()
         self._assign_failed: BaseException | None = None  # recovery in a callback failed
         self._stats = dict.fromkeys(STAT_NAMES, 0)
+        self._fold_gauges_at = -FOLD_GAUGES_EVERY_S  # monotonic time of their last update
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -206,6 +208,8 @@ class VocoderService:
         while not self._stop.is_set():
             records = self._poll()
             if not records:
+                if not self.transactions.committing:  # a failure never waits for a next step
+                    self._settle()
                 if not self.intake.assignment():
                     idle_since = time.monotonic()  # idle means "assigned and nothing to do"
                     continue
@@ -253,7 +257,10 @@ class VocoderService:
             except (KafkaException, StuckCallError) as exc:  # the one rebuild below
                 self._recover_from(exc)
                 return StepOutput()
-            self._rewind()
+            try:
+                self._rewind()
+            except (KafkaException, StuckCallError, ClusterUnavailableError) as exc:
+                self._rebuild_after(exc)  # retried until the outage limit, as any rebuild
             return StepOutput()
         audio = audio_records(out)
         self.live.write(live_writes(audio, self.topics))  # before any wait for a transaction
@@ -264,9 +271,20 @@ class VocoderService:
         # raises if an earlier transaction failed: this step is then discarded
         self.transactions.write_step(step, lambda: self._committed_step(out, started))
         self.metrics.open_streams.set(self.pipeline.open_streams())
+        self._fold_gauges()
         for cause, count in out.evictions.items():
             self.metrics.evictions.labels(cause=cause).inc(count)
         return out
+
+    def _fold_gauges(self) -> None:
+        """The fold state's size and the requests it remembers, at most every
+        FOLD_GAUGES_EVERY_S (the estimate walks every request it remembers)."""
+        now = time.monotonic()
+        if now - self._fold_gauges_at < FOLD_GAUGES_EVERY_S:
+            return
+        self._fold_gauges_at = now
+        self.metrics.fold_state_bytes.set(self.pipeline.fold_state_bytes())
+        self.metrics.fold_requests.set(self.pipeline.remembered_requests())
 
     def _committed_step(self, out: StepOutput, started: float) -> None:
         """On the commit thread, after the step's transaction committed."""

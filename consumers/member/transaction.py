@@ -17,8 +17,11 @@ it decoded since the last commit and rebuilds its state from the log.
 
 Failures: a call stuck past its timeout (kafka_calls.StuckCallError) or a fatal producer error
 marks the producer wedged; `ensure_producer` replaces it with a new one under the same
-transactional id (init_transactions fences the old one and aborts its open transaction). Being
-fenced by another member ends this one (InfrastructureError).
+transactional id (init_transactions fences the old one and aborts its open transaction). The
+producer given up on is destroyed (purged, flushed, dropped, on a daemon thread) once no call is
+inside it: at once after a fatal error, when the stuck call returns after a stuck one; until
+then it is `abandoned` (the command line then ends with os._exit). Being fenced by another
+member ends this one (InfrastructureError).
 """
 
 from __future__ import annotations
@@ -80,7 +83,10 @@ class Transactions:
         self.wedged = False  # a call on the producer got stuck or it hit a fatal error
         self.closing_timeout_s: float | None = None  # short bounds once the member exits 1
         self._needs_init = False
-        self._abandoned: list[Producer] = []  # replaced producers: never destroyed (may block)
+        # producers given up on, each with the calls still inside it: destroyed once those
+        # returned (`_reap`); destroying a handle with a call inside librdkafka can block
+        self._abandoned: list[tuple[Producer, tuple[threading.Thread, ...]]] = []
+        self._stuck: list[threading.Thread] = []  # calls stuck inside the current producer
         self._writer = TransactionWriter(self._write_transaction, max_queued_bytes)
         # A refused login or ACL as the error to end with (exit 2), None for any other error
         self.refusal = refusal
@@ -92,8 +98,9 @@ class Transactions:
 
     @property
     def abandoned(self) -> int:
-        """Producers given up on (stuck or fatal). The CLI ends with os._exit when > 0:
-        destroying a handle with a call still inside librdkafka can block."""
+        """Producers given up on and not destroyed yet (a call is still inside, or not reaped
+        yet). The CLI ends with os._exit when > 0: destroying a handle with a call still inside
+        librdkafka can block."""
         return len(self._abandoned)
 
     @property
@@ -131,14 +138,17 @@ class Transactions:
     def ensure_producer(self, reason: str = "") -> None:
         """Replace a wedged producer (same transactional id: init_transactions fences the
         old one and aborts its open transaction); finish a pending init_transactions."""
+        self._reap()
         if self.producer is None or self.wedged:
             if self.producer is not None:
                 log.warning("replacing the transactional producer (%s)", reason)
                 if self._retiring:
                     _close_retired(self.producer, self.kafka_timeout_s)
                 else:
-                    self._abandoned.append(self.producer)  # never destroyed: it may be stuck
+                    self._give_up(self.producer)
+                    self._reap()  # at once when no call is inside it (a fatal error)
             self._retiring = False
+            self._stuck = []
             self.producer = Producer(self.producer_config)
             self.wedged = False
             self._needs_init = True
@@ -157,20 +167,47 @@ class Transactions:
         if producer is None:
             return
         if self.wedged:
-            self._abandoned.append(producer)
+            self._give_up(producer)
             return
         bound = self.closing_timeout_s or self.kafka_timeout_s
         try:
-            bounded("flush", lambda: producer.flush(bound), bound)
+            self._bounded("flush", lambda: producer.flush(bound), bound)
         except (KafkaException, StuckCallError) as exc:
             log.warning("producer flush failed: %s", one_line(exc))
-            self._abandoned.append(producer)
+            self._give_up(producer)
+
+    def _give_up(self, producer: Producer) -> None:
+        """`producer` is replaced: abandoned with the calls stuck inside it."""
+        self._abandoned.append((producer, tuple(self._stuck)))
+        self._stuck = []
+
+    def _reap(self) -> None:
+        """Destroy, in the background, every abandoned producer no call is inside any more:
+        a member that rides out a fault every few minutes keeps no handle, thread or socket
+        per fault (issue 43's soak: +14 threads and +26 fds after two stuck producers)."""
+        left = []
+        for producer, calls in self._abandoned:
+            if any(call.is_alive() for call in calls):
+                left.append((producer, calls))
+            else:
+                _close_retired(producer, self.kafka_timeout_s)
+        self._abandoned = left
+
+    def _bounded(self, what: str, call: Callable[[], Any], timeout_s: float) -> Any:
+        """kafka.calls.bounded on the current producer; a call that gets stuck is noted as
+        inside it (it is destroyed only after that call returned)."""
+        try:
+            return bounded(what, call, timeout_s)
+        except StuckCallError as exc:
+            if exc.worker is not None:
+                self._stuck.append(exc.worker)
+            raise
 
     def _init(self) -> None:
         producer = self.producer
         assert producer is not None
         timeout = self.kafka_timeout_s
-        bounded("init_transactions", lambda: producer.init_transactions(timeout), timeout)
+        self._bounded("init_transactions", lambda: producer.init_transactions(timeout), timeout)
         self._needs_init = False
 
     def mark_wedged(self) -> None:
@@ -191,6 +228,8 @@ class Transactions:
     def write_step(self, step: StepWrites, on_committed: Callable[[], None]) -> None:
         """Queue the step for the next transaction; `on_committed` runs on the writer's thread
         once it committed. Raises the failure of an earlier transaction instead (once)."""
+        if self._abandoned:
+            self._reap()
         self._writer.submit(step, on_committed)
 
     def _write_transaction(self, steps: Sequence[StepWrites]) -> None:
@@ -226,7 +265,7 @@ class Transactions:
     def send_offsets(self, positions: list[TopicPartition], group_metadata: Any) -> None:
         producer, timeout = self.producer, self.kafka_timeout_s
         assert producer is not None
-        bounded(
+        self._bounded(
             "send_offsets_to_transaction",
             lambda: producer.send_offsets_to_transaction(positions, group_metadata, timeout),
             timeout,
@@ -237,7 +276,7 @@ class Transactions:
         stuck (abandoned: whatever it does later no longer counts)."""
         producer, timeout = self.producer, self.kafka_timeout_s
         assert producer is not None
-        bounded("commit_transaction", lambda: producer.commit_transaction(timeout), timeout)
+        self._bounded("commit_transaction", lambda: producer.commit_transaction(timeout), timeout)
 
     def join(self) -> None:
         """Wait until every queued step is committed or the writer stopped on a failure,
@@ -319,7 +358,7 @@ class Transactions:
             return False  # nothing to abort on a producer without transactions yet
         timeout = self.closing_timeout_s or self.kafka_timeout_s
         try:
-            bounded("abort_transaction", lambda: producer.abort_transaction(timeout), timeout)
+            self._bounded("abort_transaction", lambda: producer.abort_transaction(timeout), timeout)
             return True
         except StuckCallError as exc:
             log.warning("%s: the producer will be replaced", exc)
@@ -341,8 +380,9 @@ def _indefinite(exc: BaseException) -> bool:
 
 
 def _close_retired(producer: Producer, bound: float) -> None:
-    """A producer replaced after an indefinite outcome (not stuck): purged, flushed and
-    destroyed on a daemon thread, so its threads and sockets do not pile up."""
+    """A producer replaced with no call inside it (after an indefinite outcome, a fatal error,
+    or once its stuck call returned): purged, flushed and destroyed on a daemon thread, so its
+    threads and sockets do not pile up."""
 
     def close() -> None:
         try:

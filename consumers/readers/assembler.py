@@ -14,7 +14,11 @@ opened is ended with `end == "evicted"` beyond it), per stream at most `max_pend
 held out of order, the PCM of the last `keep_pcm` delivered windows (for cross-domain
 comparison of later copies) and the digests of the last `keep_digests`; ended streams keep
 their digests only, in an LRU of `max_ended` (each request's newest epoch) and another of
-`max_ended` (epochs a newer one replaced: their committed copies can come after it began).
+`max_ended` (epochs a newer one replaced: their committed copies can come after it began), each
+for `ended_ttl_s` after it ended or was replaced (a listener of named requests keeps its few for
+good): a listener runs for days and sees thousands of streams an hour, and a later copy of a
+window comes within a transaction's time, or from a re-decode within a member's outage timeout,
+not hours later.
 """
 
 from __future__ import annotations
@@ -57,7 +61,16 @@ class _Held:
 
 
 class _Stream:
-    __slots__ = ("last_at", "next_index", "next_sample", "pcm_kept", "pending", "report", "seen")
+    __slots__ = (
+        "ended_at",
+        "last_at",
+        "next_index",
+        "next_sample",
+        "pcm_kept",
+        "pending",
+        "report",
+        "seen",
+    )
 
     def __init__(self, request_id: str, epoch: int) -> None:
         self.report = StreamReport(request_id, epoch)
@@ -67,6 +80,7 @@ class _Stream:
         self.seen: collections.OrderedDict[int, _Seen] = collections.OrderedDict()
         self.pcm_kept: collections.deque[int] = collections.deque()
         self.last_at: float | None = None
+        self.ended_at = 0.0  # listener clock: when it ended, or was replaced by a newer epoch
 
     @property
     def epoch(self) -> int:
@@ -157,9 +171,11 @@ class Assembler:
                 out += self._end(stream, "superseded", now)
             if stream is not None:  # its digests stay, for copies that come late
                 self._ended.pop(rid, None)
+                stream.ended_at = now
                 self._older[(rid, stream.epoch)] = stream
                 while len(self._older) > self.config.max_ended:
                     self._older.popitem(last=False)
+                self._forget_ended(now)
             stream = _Stream(rid, chunk.cache_epoch)
             self._open[rid] = stream
             out += self._enforce_cap(now)
@@ -233,7 +249,7 @@ class Assembler:
             self.stats.confirmed += 1
         if chunk.final:
             report.end = "final"
-            self._retire(stream)
+            self._retire(stream, now)
         return ListenerChunk(
             chunk.request_id,
             chunk.cache_epoch,
@@ -329,7 +345,7 @@ class Assembler:
         if stream.ended:
             return out
         stream.report.end = reason
-        self._retire(stream)
+        self._retire(stream, now)
         report = stream.report
         out.append(
             ListenerChunk(report.request_id, report.cache_epoch, stream.next_index,
@@ -337,8 +353,9 @@ class Assembler:
         )  # fmt: skip
         return out
 
-    def _retire(self, stream: _Stream) -> None:
+    def _retire(self, stream: _Stream, now: float) -> None:
         rid = stream.report.request_id
+        stream.ended_at = now
         self._open.pop(rid, None)
         stream.pending.clear()
         for seen in stream.seen.values():
@@ -349,6 +366,17 @@ class Assembler:
         self._finished.append(stream.report)
         while len(self._ended) > self.config.max_ended:
             self._ended.popitem(last=False)
+        self._forget_ended(now)
+
+    def _forget_ended(self, now: float) -> None:
+        """Forget the streams that ended (or were replaced) more than `ended_ttl_s` ago: both
+        LRUs are in that order. A listener of named requests keeps them."""
+        if self.requests:
+            return
+        horizon = now - self.config.ended_ttl_s
+        for remembered in (self._ended, self._older):
+            while remembered and next(iter(remembered.values())).ended_at < horizon:
+                remembered.popitem(last=False)
 
     def _enforce_cap(self, now: float) -> list[ListenerChunk]:
         out: list[ListenerChunk] = []

@@ -18,6 +18,7 @@ class ListenerConfig:
     keep_pcm: int = 2  # PCM of the newest delivered windows, for cross-domain comparison
     keep_digests: int = 32  # sha256 + domain of the newest delivered windows per stream
     max_ended: int = 10_000  # ended streams remembered (digests only)
+    ended_ttl_s: float = 600.0  # ... for this long after they ended (past any outage timeout)
     bound: Bound = dataclasses.field(default_factory=Bound)
 
 

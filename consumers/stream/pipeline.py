@@ -46,6 +46,7 @@ from codeclog.consumers.stream.fold.outcomes import (
     Release,
 )
 from codeclog.consumers.stream.fold.report import ReportBuilder
+from codeclog.consumers.stream.fold.size import remembered_requests, state_bytes
 from codeclog.consumers.stream.fold.state import FoldConfig, FoldState, new_state
 from codeclog.consumers.stream.limit import EVICTED_BY_CAP
 from codeclog.consumers.stream.vocoder_streams import (
@@ -98,6 +99,9 @@ class PipelineConfig:
     max_batch: int = 64  # windows per decode_batch call
     keep_pcm: bool = False  # keep each request's PCM in memory (replay --wav-dir)
     record_audio: bool = False  # keep per-request window accounting for reports
+    # keep every outcome of every request for `report()` (replay); the live member, which runs
+    # for days and never reports, keeps none (consumers.member.config)
+    report: bool = True
     producer_id: str = ""
     dead_letter_raw_limit: int = DEAD_LETTER_RAW_LIMIT  # raw bytes a dead letter keeps whole
     # which bound set fold.max_open_streams (consumers.stream.limit): the evictions' cause
@@ -144,6 +148,7 @@ class AudioPipeline:
             self._run_rounds(pending, out)
         finally:
             self._emitting = True
+        self._forget_finished(out.touched)
         if not emit:
             return StepOutput(touched=out.touched, epoch_starts=out.epoch_starts, fatal=out.fatal)
         return out
@@ -157,7 +162,16 @@ class AudioPipeline:
             record = InputRecord(Position("", 0, index), event.request_id.encode(), b"")
             self._fold_one(event, record, pending, out, emit=True)
         self._run_rounds(pending, out)
+        self._forget_finished(out.touched)
         return out
+
+    def _forget_finished(self, touched: dict[str, int]) -> None:
+        """Forget where the requests of a step live once they have neither an open stream nor
+        a vocoder stream: a member sees thousands of requests an hour."""
+        for rid, partition in touched.items():
+            state = self.fold_state(partition)
+            if self._open_epoch_of(state, rid) is None and self._vocoder.get(rid) is None:
+                self._partition_of.pop(rid, None)
 
     def drop_partition(self, partition: int) -> None:
         """Forget every request of a partition (revoked or lost in a rebalance)."""
@@ -196,6 +210,14 @@ class AudioPipeline:
     def open_streams(self) -> int:
         return sum(len(state.open) for state in self._folds.values())
 
+    def fold_state_bytes(self) -> int:
+        """The estimated bytes of every fold state (fold.size: walks every request)."""
+        return sum(state_bytes(state) for state in self._folds.values())
+
+    def remembered_requests(self) -> int:
+        """Requests the fold states remember, open or as tombstones."""
+        return sum(remembered_requests(state) for state in self._folds.values())
+
     def report(self) -> dict[str, Any]:
         """The fold report so far; with audio accounting, per-request audio too."""
         result = self.report_builder.result()
@@ -230,7 +252,7 @@ class AudioPipeline:
         after = self._open_epoch_of(state, rid)
         if after is not None and after != before:
             out.epoch_starts[rid] = record.position.offset
-        if emit:
+        if emit and self.config.report:
             self.report_builder.add(event, outcomes)
         self._partition_of[rid] = partition
         out.touched[rid] = partition

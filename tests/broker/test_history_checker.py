@@ -225,7 +225,7 @@ def test_an_undecodable_output_record_is_a_finding() -> None:
 def test_the_fault_matrix_records_a_failing_checker_and_goes_on(tmp_path: Path) -> None:
     from codeclog.devtools.cluster import LocalCluster
     from codeclog.devtools.fault_actions import FaultContext
-    from codeclog.devtools.faults import CHECKER_FAILED, _history
+    from codeclog.devtools.faults import CHECKER_FAILED, check_history
     from codeclog.devtools.members import Members
     from codeclog.topics_config import TopicsConfig
 
@@ -233,7 +233,7 @@ def test_the_fault_matrix_records_a_failing_checker_and_goes_on(tmp_path: Path) 
     # no cluster in that dir: reading the history fails at once
     gone = LocalCluster(tmp_path / "gone")
     ctx = FaultContext(gone, {}, topics, tmp_path, "g", Members(tmp_path))
-    anomalies, logs = _history(ctx)
+    anomalies, logs = check_history(ctx)
     assert list(anomalies) == [CHECKER_FAILED] and "ClusterError" in anomalies[CHECKER_FAILED][0]
     assert logs.startswith("not read")
 

@@ -288,6 +288,26 @@ def test_memory_stays_bounded_with_a_thousand_concurrent_requests() -> None:
     assert listener.assembler.remembered_streams() <= config.max_open_streams + config.max_ended
 
 
+def test_ended_and_replaced_streams_are_forgotten_once_their_time_is_up() -> None:
+    """A listener runs for days: ended streams and epochs a newer one replaced (their digests,
+    for later copies) are kept for `ended_ttl_s`, not until `max_ended` of each piled up (issue
+    43's soak saw the listeners grow for its whole hour). A later copy within that time is
+    still known; a listener of named requests keeps its few streams."""
+    a = Assembler()  # ended_ttl_s 600
+    for i in range(1200):  # every second for twenty minutes: an epoch replaced, one ended
+        a.offer(chunk(f"r{i}", 0, epoch=0), float(i))
+        a.offer(chunk(f"r{i}", 0, epoch=1), float(i))  # epoch 0 is replaced
+        a.offer(chunk(f"r{i}", 1, epoch=1, final=True), float(i))
+    assert a.remembered_streams() <= 2 * 601  # the last ten minutes'
+    assert a.offer(chunk("r700", 1, epoch=1, final=True), 1200.0) == []  # a later copy
+    assert a.offer(chunk("r700", 0, epoch=0), 1200.0) == []  # of a replaced epoch too
+    assert a.stats.delivered == 3600 and a.stats.mismatches == 0
+    named = Assembler(requests=[f"r{i}" for i in range(1200)])
+    for i in range(1200):
+        named.offer(chunk(f"r{i}", 0, final=True), float(i))
+    assert named.remembered_streams() == 1200 and named.ended("r0") is not None
+
+
 def test_listen_refuses_until_final_without_a_request(capsys: Any) -> None:
     from codeclog.cli import main
 

@@ -63,3 +63,45 @@ def test_a_group_reads_its_own_checkpoints_and_its_members_v1_ones(
 
     assert requests(ours) == {"a", "r1"}
     assert requests(theirs) == {"b"}
+
+
+@pytest.mark.kafka
+def test_a_transaction_left_open_never_hides_the_newer_checkpoints_behind_it(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> None:
+    """A member that lost its partitions mid-transaction (cut from its group coordinator, or
+    killed) leaves its transaction open on the progress partition until it is aborted. A
+    read_committed reader stops at that transaction (the partition's last stable offset), so
+    the checkpoints the new owner committed after it were not read: issue 43's soak restored
+    11-second-old checkpoints that way, and six windows went out twice with other bytes and six
+    never. The read now ends only when every transaction begun before it is decided: while one
+    stays open it gives up (the rebuild is retried), and once it is aborted the newest
+    checkpoint is there."""
+    from codeclog.kafka.calls import ClusterUnavailableError
+
+    topic = unique_name("progress")
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    group = "g"
+    client = {"bootstrap.servers": kafka_bootstrap}
+
+    def checkpoint(producer: Producer, windows: int) -> None:
+        record = dataclasses.replace(_checkpoint("r", group, f"{group}-0"), windows_emitted=windows)
+        producer.produce(
+            topic, key=progress_key(group, "r").encode(), value=wire.encode(record), partition=0
+        )
+
+    zombie = Producer({**client, "transactional.id": unique_name("zombie")})
+    owner = Producer({**client, "transactional.id": unique_name("owner")})
+    for producer in (zombie, owner):
+        producer.init_transactions(30)
+        producer.begin_transaction()
+    checkpoint(zombie, 1)  # the old owner's, never committed
+    assert zombie.flush(30) == 0
+    checkpoint(owner, 7)  # the new owner's, committed
+    owner.commit_transaction(30)
+    with pytest.raises(ClusterUnavailableError, match="transaction"):
+        read_checkpoints(client, topic, group, [0], 2)
+    zombie.abort_transaction(30)
+    found = read_checkpoints(client, topic, group, [0], 30)
+    assert found[0]["r"].windows_emitted == 7

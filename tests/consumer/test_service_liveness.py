@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from codeclog.cli.commands import vocode as vocode_command
 from codeclog.consumers.member import transaction as transaction_module
@@ -21,7 +21,12 @@ from codeclog.consumers.member.writes import StepWrites
 from codeclog.consumers.stream.pipeline import StepOutput
 from codeclog.kafka import calls as kafka_calls
 from codeclog.kafka.access import KafkaAccessError
-from codeclog.kafka.calls import InfrastructureError, StuckCallError, bounded
+from codeclog.kafka.calls import (
+    ClusterUnavailableError,
+    InfrastructureError,
+    StuckCallError,
+    bounded,
+)
 from codeclog.kafka.reader import input_record
 from codeclog.topics_config import TopicsConfig
 from tests.fake_kafka import FakeTransactional
@@ -211,6 +216,38 @@ def test_a_retriable_transaction_error_is_retried_not_the_end() -> None:
     assert aborted == [True] and not transactions.wedged
 
 
+def test_a_void_steps_rebuild_that_times_out_is_retried_not_the_end() -> None:
+    """A rebalance during a step's decode voids the step, and the member rebuilds from the
+    committed offsets. Reading them can time out while the group coordinator moves (issue 43's
+    soak: member b exited 1 a minute into a run, `cannot read committed offsets: _TIMED_OUT`):
+    that is retried until the outage limit, as every other rebuild is."""
+    service = _service()
+    tp = TopicPartition("codec.chunks", 0)
+    answers: list[BaseException | list[TopicPartition]] = [
+        ClusterUnavailableError("cannot read committed offsets: _TIMED_OUT"),
+        [TopicPartition("codec.chunks", 0, 5)],
+    ]
+
+    def committed(partitions: list[TopicPartition]) -> list[TopicPartition]:
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    intake: Any = service.intake
+    intake.positions = lambda: []
+    intake.decode = lambda step: None  # the assignment changed meanwhile: a void step
+    intake.assignment = lambda: [tp]
+    intake.committed = committed
+    sought: list[list[TopicPartition]] = []
+    intake.seek_to = sought.append
+    service.recovery.restore = lambda pipeline, committed: {}  # type: ignore[method-assign]
+    _transactions(service).ensure_producer = lambda reason="": None  # type: ignore[method-assign]
+    assert service._step([]) == StepOutput()
+    assert answers == [] and [tp.offset for tp in sought[0]] == [5]
+    assert service.stats["void_steps"] == 1
+
+
 class _Aborts:
     def __init__(self) -> None:
         self.calls = 0
@@ -327,3 +364,85 @@ def test_init_transactions_at_start_gives_up_on_a_fatal_error() -> None:
     with pytest.raises(KafkaException):
         transactions.init_with_retry(60, threading.Event())
     assert producer.calls == 1
+
+
+class _Producer:
+    """A producer whose commit can be held inside librdkafka (`hold`), and that says when it
+    was closed (purged and flushed: then dropped, destroyed)."""
+
+    def __init__(self, config: Any = None) -> None:
+        self.hold = threading.Event()
+        self.hold.set()
+        self.closed = threading.Event()
+
+    def init_transactions(self, timeout: float) -> None:
+        pass
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.hold.wait()
+
+    def purge(self) -> None:
+        pass
+
+    def flush(self, timeout: float) -> int:
+        self.closed.set()
+        return 0
+
+
+def test_a_producer_given_up_on_is_destroyed_once_no_call_is_inside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A member that rides out a fault every few minutes gives up on a producer now and then
+    (a fatal error, a stuck call): each used to stay for the life of the process with its
+    threads and sockets (issue 43's soak: member b +14 threads, +26 fds after two). A fatal
+    one is destroyed at once; a stuck one once its call returned, not before."""
+    monkeypatch.setattr(transaction_module, "Producer", _Producer)
+    transactions = _transactions(_service(kafka_timeout_s=0.1))
+    fatal_one = _Producer()
+    transactions.producer = fatal_one  # type: ignore[assignment]
+    fatal = KafkaError(KafkaError.INVALID_TXN_STATE, "invalid state", fatal=True)
+    transactions.handle_error(KafkaException(fatal))
+    transactions.ensure_producer("fatal")
+    assert fatal_one.closed.wait(5) and transactions.abandoned == 0
+
+    stuck_one = transactions.producer
+    assert isinstance(stuck_one, _Producer)
+    stuck_one.hold.clear()
+    with pytest.raises(StuckCallError) as stuck:
+        transactions.commit()
+    transactions.handle_error(stuck.value)
+    transactions.ensure_producer("stuck")
+    assert transactions.abandoned == 1 and not stuck_one.closed.is_set()  # its call is inside
+    stuck_one.hold.set()  # the call returns
+    assert stuck.value.worker is not None
+    stuck.value.worker.join(5)
+    transactions.ensure_producer()  # the next replacement or step reaps it
+    assert stuck_one.closed.wait(5) and transactions.abandoned == 0
+
+
+def test_an_idle_member_handles_a_failed_transaction_at_once() -> None:
+    """A transaction that fails while the member has nothing to do (its partitions just went
+    to another member, or are quiet) is aborted at once, not at the member's next step: left
+    open, it holds every read_committed reader of its partitions, and the new owner's
+    recovery waits for it (issue 43's soak: member a, cut from its group coordinator and then
+    without partitions, kept its transaction open 60 s, until the coordinator's timeout)."""
+    service = _service()
+    handled: list[BaseException] = []
+    polls: list[int] = []  # failures handled when each poll began
+
+    def poll() -> list[Any]:
+        polls.append(len(handled))
+        if len(polls) > 1:
+            service.stop()
+        return []
+
+    intake: Any = service.intake
+    intake.poll = poll
+    intake.assignment = lambda: []  # its partitions went to another member
+    transactions = _transactions(service)
+    failure = KafkaException(KafkaError(KafkaError._TRANSPORT, "coordinator gone", retriable=True))
+    transactions._writer._error = failure  # the writer's transaction failed meanwhile
+    transactions.handle_error = handled.append  # type: ignore[method-assign]
+    service._rebuild_after = lambda exc: None  # type: ignore[method-assign]
+    service._loop()
+    assert handled == [failure] and polls == [0, 1]  # on the first idle pass, not at the end

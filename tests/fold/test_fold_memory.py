@@ -11,7 +11,8 @@ import tracemalloc
 import pytest
 
 from codeclog.consumers.stream.fold.machine import fold
-from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
+from codeclog.consumers.stream.fold.size import KEY_BYTES, remembered_requests, state_bytes
+from codeclog.consumers.stream.fold.state import FoldConfig, FoldState, Policy, new_state
 from codeclog.schemas.records import CodecChunk
 
 REQUESTS = 300
@@ -29,6 +30,12 @@ def stream(rid: str, chunks: int, epochs: int, last: bool) -> list[CodecChunk]:
 
 
 def bytes_per_request(policy: Policy, chunks: int, epochs: int, last: bool) -> float:
+    return measured(policy, chunks, epochs, last)[0]
+
+
+def measured(policy: Policy, chunks: int, epochs: int, last: bool) -> tuple[float, FoldState]:
+    """Bytes per request (tracemalloc; the request ids, allocated before, not counted) and the
+    state they are in."""
     streams = [stream(f"request-{i:05d}", chunks, epochs, last) for i in range(REQUESTS)]
     state = new_state(FoldConfig(policy=policy))
     tracemalloc.start()
@@ -41,7 +48,30 @@ def bytes_per_request(policy: Policy, chunks: int, epochs: int, last: bool) -> f
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    return grown / REQUESTS
+    return grown / REQUESTS, state
+
+
+SHAPES = [
+    (Policy.TOLERANT, 30, 1, False),
+    (Policy.TOLERANT, 400, 1, False),
+    (Policy.TOLERANT, 1, 1, True),
+    (Policy.TOLERANT, 30, 1, True),
+    (Policy.TOLERANT, 30, 3, True),
+    (Policy.STRICT, 30, 1, False),
+]
+
+
+@pytest.mark.parametrize(("policy", "chunks", "epochs", "last"), SHAPES)
+def test_the_estimate_of_a_states_bytes_is_within_a_quarter_of_what_it_holds(
+    policy: Policy, chunks: int, epochs: int, last: bool
+) -> None:
+    """`state_bytes` (what the member exports as codeclog_vocoder_fold_state_bytes) against
+    tracemalloc: the estimate less the request ids' own bytes, per request."""
+    held, state = measured(policy, chunks, epochs, last)
+    keys = sum(KEY_BYTES + len(rid) for rid in [*state.open, *state.closed])
+    estimate = (state_bytes(state) - keys) / REQUESTS
+    assert remembered_requests(state) == REQUESTS
+    assert abs(estimate - held) <= 0.25 * held, f"{estimate:.0f} B estimated, {held:.0f} B held"
 
 
 @pytest.mark.parametrize(
