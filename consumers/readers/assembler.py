@@ -18,7 +18,9 @@ their digests only, in an LRU of `max_ended` (each request's newest epoch) and a
 for `ended_ttl_s` after it ended or was replaced (a listener of named requests keeps its few for
 good): a listener runs for days and sees thousands of streams an hour, and a later copy of a
 window comes within a transaction's time, or from a re-decode within a member's outage timeout,
-not hours later.
+not hours later. An open stream that no copy of any window came for in `idle_end_s` is ended
+(`end == "idle"`, `expire`): the audio topic carries no end for a request aborted or evicted
+upstream, and such streams would otherwise stay open, with their kept PCM, until the cap.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class _Held:
 class _Stream:
     __slots__ = (
         "ended_at",
+        "heard_at",
         "last_at",
         "next_index",
         "next_sample",
@@ -80,6 +83,7 @@ class _Stream:
         self.seen: collections.OrderedDict[int, _Seen] = collections.OrderedDict()
         self.pcm_kept: collections.deque[int] = collections.deque()
         self.last_at: float | None = None
+        self.heard_at = 0.0  # listener clock: when a copy of any of its windows last came
         self.ended_at = 0.0  # listener clock: when it ended, or was replaced by a newer epoch
 
     @property
@@ -116,6 +120,7 @@ class Assembler:
         self._finished: collections.deque[StreamReport] = collections.deque(
             maxlen=self.config.max_ended
         )
+        self._expired_at = 0.0  # listener clock: the last look for idle streams
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -179,7 +184,21 @@ class Assembler:
             stream = _Stream(rid, chunk.cache_epoch)
             self._open[rid] = stream
             out += self._enforce_cap(now)
+        stream.heard_at = now
         out += self._window(stream, _Held(chunk, now, written_at_ms, committed, committed), now)
+        return out
+
+    def expire(self, now: float) -> list[ListenerChunk]:
+        """End the open streams no copy of any window came for in `idle_end_s` (`end ==
+        "idle"`, what they hold delivered first); looks at most once a second."""
+        if now - self._expired_at < 1.0:
+            return []
+        self._expired_at = now
+        horizon = now - self.config.idle_end_s
+        out: list[ListenerChunk] = []
+        for stream in [s for s in self._open.values() if s.heard_at < horizon]:
+            self.stats.idle_ended += 1
+            out += self._end(stream, "idle", now)
         return out
 
     def close(self, now: float) -> list[ListenerChunk]:

@@ -19,6 +19,9 @@ class ListenerConfig:
     keep_digests: int = 32  # sha256 + domain of the newest delivered windows per stream
     max_ended: int = 10_000  # ended streams remembered (digests only)
     ended_ttl_s: float = 600.0  # ... for this long after they ended (past any outage timeout)
+    # an open stream no copy of any window came for in this long is ended (`end == "idle"`): the
+    # audio topic carries no end for a request aborted or evicted upstream
+    idle_end_s: float = 600.0
     bound: Bound = dataclasses.field(default_factory=Bound)
 
 
@@ -33,7 +36,9 @@ class ListenerChunk:
     sample_rate_hz: int
     pcm: bytes
     final: bool  # this is the epoch's final window
-    end: str | None  # None, "final", "superseded" (a newer epoch began), "evicted", "closed"
+    # None, "final", "superseded" (a newer epoch began), "evicted", "idle" (nothing came for
+    # idle_end_s), "closed"
+    end: str | None
     gap_samples: int  # samples missing right before this chunk (windows never received)
     received_at: float  # listener clock (Unix seconds) when the first copy arrived
     source_produced_at_ms: int
@@ -77,3 +82,4 @@ class ListenerStats:
     after_final: int = 0
     gap_windows: int = 0
     evicted: int = 0
+    idle_ended: int = 0  # open streams ended after idle_end_s without a copy of any window

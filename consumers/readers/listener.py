@@ -223,7 +223,7 @@ class AudioListener:
                 _, written_ms = message.timestamp()
                 committed = message.topic() == self.topic
                 out += self.assembler.offer(chunk, now, max(0, written_ms), committed)
-        return out
+        return out + self.assembler.expire(now)
 
     def caught_up(self) -> bool:
         """Read up to the high watermark of every partition as of now (with no transaction

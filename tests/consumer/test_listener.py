@@ -308,6 +308,66 @@ def test_ended_and_replaced_streams_are_forgotten_once_their_time_is_up() -> Non
     assert named.remembered_streams() == 1200 and named.ended("r0") is not None
 
 
+def test_streams_nothing_came_for_end_idle_and_memory_levels_off() -> None:
+    """The audio topic carries no end for a request aborted (or evicted) upstream: such a
+    stream never gets its final window. Issue 43's hour-long soak saw both listeners hold 700
+    such streams open after 38 minutes (and their kept PCM: +1.1 MB a minute, for the whole
+    run). Fed by AudioListener.poll as the soak's talker feeds it (every minute streams that
+    end and streams whose request is aborted mid-way), the listener ends a stream after
+    `idle_end_s` without a copy of any window (`end == "idle"`, its held windows played
+    first), and what it holds stops growing once that time and `ended_ttl_s` are past."""
+    config = ListenerConfig(idle_end_s=120.0, ended_ttl_s=120.0)
+    fake = FakeConsumer([], [])
+    now = [0.0]
+    listener = AudioListener(
+        {}, "audio", Isolation.COMMITTED, config=config, start=StartMode.BEGINNING,
+        partitions=[0], consumer_factory=lambda _: fake, clock=lambda: now[0],
+    )  # fmt: skip
+    ends: dict[str, str | None] = {}
+    held: dict[int, tuple[int, int]] = {}
+    for minute in range(30):
+        for n in range(15):  # ten end with a final window, five are aborted after two
+            rid = f"m{minute}-{n}"
+            last = 3 if n < 10 else 1
+            for index in range(last + 1):
+                c = chunk(rid, index, final=n < 10 and index == last)
+                fake.messages.append(
+                    FakeMessage("audio", 0, len(fake.messages), rid.encode(), wire.encode(c))
+                )
+        for second in range(0, 60, 5):
+            now[0] = minute * 60.0 + second
+            for delivered in listener.poll(max_records=1000):
+                if delivered.end is not None:
+                    ends[delivered.request_id] = delivered.end
+        held[minute] = (
+            listener.assembler.open_streams(),
+            listener.assembler.remembered_streams(),
+        )
+    assert ends["m0-0"] == "final" and ends["m0-12"] == "idle"
+    assert listener.stats.idle_ended == 5 * 28 and listener.stats.mismatches == 0
+    # levelled off: open streams are the last idle_end_s' aborted ones, remembered ones the
+    # last idle_end_s + ended_ttl_s' (not every aborted stream since the start)
+    assert held[29] == held[15] and held[29][0] <= 5 * 3 and held[29][1] <= 15 * 5
+    assert listener.assembler.buffered_bytes() <= 5 * 3 * config.keep_pcm * 2 * WINDOW
+    late = chunk("m27-12", 2)  # a window of a stream ended idle that comes after all
+    fake.messages.append(FakeMessage("audio", 0, len(fake.messages), b"m27-12", wire.encode(late)))
+    assert listener.poll() == [] and listener.stats.after_final == 1
+
+
+def test_a_stream_heard_within_idle_end_s_stays_open() -> None:
+    a = Assembler(ListenerConfig(idle_end_s=60.0))
+    a.offer(chunk("quiet", 0), 0.0)
+    a.offer(chunk("talking", 0), 0.0)
+    a.offer(chunk("talking", 2), 50.0)  # held: window 1 has not come
+    assert a.expire(59.0) == [] and a.open_streams() == 2
+    out = a.expire(61.0)
+    assert [(c.request_id, c.end) for c in out] == [("quiet", "idle")]
+    assert a.open_streams() == 1 and a.ended("quiet") is not None
+    out = a.expire(111.0)  # window 2 is played, window 1 reported missing, then the end
+    assert [(c.window_index, c.end) for c in out] == [(2, None), (3, "idle")]
+    assert a.stats.gap_windows == 1 and a.open_streams() == 0
+
+
 def test_listen_refuses_until_final_without_a_request(capsys: Any) -> None:
     from codeclog.cli import main
 
