@@ -171,6 +171,8 @@ class Toxiproxy:
             if Path("/proc/self/cmdline").exists():
                 return None
             return pid if pid_exists(pid) else None  # no procfs (macOS): the best check there
+        if not cmdline:  # exiting (its memory is gone, its sockets may not be yet) or a zombie
+            return pid
         return pid if f"\0-port\0{self.api_port}\0".encode() in b"\0" + cmdline else None
 
     def start(self, nodes: Iterable[NodeLinks]) -> bool:
