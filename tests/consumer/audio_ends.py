@@ -27,15 +27,16 @@ def audio_ends(stack: Any, admin: AdminClient) -> tuple[dict[int, int], dict[int
 
 def windows_on(stack: Any, topic: str) -> set[tuple[str, int, int]]:
     """(request, epoch, window index) of every window on `topic` now (committed records: on the
-    live topic, every record)."""
-    from codeclog.kafka.reader import read_partitions
+    live topic, every record). Each partition is read to its last stable offset
+    (`read_partition`), so a transaction held open (a frozen member's) ends the read there;
+    `read_partitions` would wait for it to be decided, as recovery must."""
+    from codeclog.kafka.reader import read_partition
     from codeclog.schemas import wire
     from codeclog.schemas.records import AudioChunk
 
     found = set()
-    partitions = list(range(stack.topics.partitions))
-    for records in read_partitions(stack.client, topic, partitions, 30).values():
-        for record in records:
+    for partition in range(stack.topics.partitions):
+        for record in read_partition(stack.client, topic, partition, 0, None, 30):
             chunk = wire.decode(record.value)
             if isinstance(chunk, AudioChunk):
                 found.add((chunk.request_id, chunk.cache_epoch, chunk.window_index))
