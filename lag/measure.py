@@ -97,6 +97,7 @@ from codeclog.kafka.access import (
     refusal_of_unused,
 )
 from codeclog.kafka.log import client_settings
+from codeclog.lag.describer import GroupDescriber
 from codeclog.lag.evaluator import offset_lag
 from codeclog.schemas import wire
 from codeclog.schemas.records import FRAME_SECONDS, CodecChunk
@@ -104,9 +105,6 @@ from codeclog.schemas.records import FRAME_SECONDS, CodecChunk
 DEFAULT_READ_RECORDS = 64  # K: records decoded per lagging partition for the audio estimate
 DEFAULT_TIMEOUT_S = 10.0  # admin requests
 DEFAULT_READ_TIMEOUT_S = 3.0  # the head reader, all partitions together
-# describe_consumer_groups' own timeout: past librdkafka's socket.timeout.ms (60 s), so a
-# coordinator request that hangs is failed by its broker timeout first (`describe`)
-DESCRIBE_REQUEST_TIMEOUT_S = 120.0
 # A group coordinator that moves (a node restart) or has not loaded its __consumer_offsets
 # partition yet (a fresh cluster) answers OffsetFetch with one of these; the consumer finds the
 # coordinator again by itself, so the question is asked again until the timeout.
@@ -491,7 +489,7 @@ class LagMeasurer:
         self._committed = CommittedReader(client_config, timeout_s, monotonic)
         self._config = dict(client_config)
         self._heads: dict[tuple[str, int], HeadRead] = {}
-        self._describing: dict[str, Future[Any]] = {}  # group -> its describe, still waiting
+        self._describer = GroupDescriber(client_settings(client_config), timeout_s)
 
     @property
     def read_refusal(self) -> str | None:
@@ -500,7 +498,7 @@ class LagMeasurer:
 
     def close(self) -> None:
         self._heads.clear()  # AdminClient has no close(); dropping the reference frees it
-        self._describing.clear()
+        self._describer.close()
         self._committed.close()
 
     def measure(self, group: str, topic: str, now_ms: int) -> GroupMeasurement:
@@ -575,38 +573,24 @@ class LagMeasurer:
         Some clusters (librdkafka's mock) cannot describe groups; lag is still measurable, so
         this degrades to unknown instead of failing the measurement.
 
-        The request itself is given DESCRIBE_REQUEST_TIMEOUT_S, and only `timeout_s` is waited
-        for it: an admin coordinator request that librdkafka times out while its coordinator
-        lookup is in flight aborts the process (librdkafka #4605, `rd_kafka_enq_once_del_source_
-        return: eonce->refcnt > 0`; issue 43's soak lost its exporter so when the group
-        coordinator's node died: docs/lag.md). A request still waiting is not asked again: the
-        group is unknown until it answers.
+        The request is asked in a child process (`codeclog.lag.describer`): librdkafka aborts
+        the process on some admin coordinator requests when the coordinator moves (#4605;
+        issue 43's soak lost its exporter so twice: docs/lag.md). Only `timeout_s` is waited
+        for the answer; while the child waits, or after it died, the group is unknown.
         """
-        waiting = self._describing.get(group)
-        if waiting is not None and not waiting.done():
-            return None, None, None  # the last one still waits for a coordinator: unknown
-        future = self._admin.describe_consumer_groups(
-            [group], request_timeout=DESCRIBE_REQUEST_TIMEOUT_S
-        )[group]
-        self._describing[group] = future
-        try:
-            description = future.result(timeout=self._timeout_s)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
-                return "DEAD", 0, set()
-            if refused := refusal(exc, self._config, {"group": f"DESCRIBE group {group}"}):
-                raise refused from exc
+        answer = self._describer.ask(group, topic)
+        if answer is None:
             return None, None, None
-        except TimeoutError:
-            return None, None, None
-        owned = {
-            tp.partition
-            for member in description.members
-            for tp in member.assignment.topic_partitions
-            if tp.topic == topic
-        }
-        return _state_name(description.state), len(description.members), owned
+        if answer[0] == "ok":
+            _, state, members, owned = answer
+            return _state_name(state), members, set(owned)
+        _, code, reason = answer
+        if code == KafkaError.GROUP_ID_NOT_FOUND:
+            return "DEAD", 0, set()
+        exc = KafkaException(KafkaError(code, reason))
+        if refused := refusal(exc, self._config, {"group": f"DESCRIBE group {group}"}):
+            raise refused from exc
+        return None, None, None
 
     def _heads_for(
         self,
