@@ -66,6 +66,12 @@ class ClusterUnavailableError(InfrastructureError):
     """A read the recovery needs timed out: retried until the outage limit, then the end."""
 
 
+class OpenTransactionError(ClusterUnavailableError):
+    """A read that must see every earlier transaction decided timed out with one still open
+    (a member killed mid-transaction): the coordinator aborts it within the transaction
+    timeout, so the wait is bounded by that, not only by the outage limit."""
+
+
 class StuckCallError(CodeclogError):
     """A librdkafka call did not return within its timeout plus CALL_GRACE_S; `worker` is the
     thread still inside it (None when no call is inside: a local queue that stayed full)."""

@@ -18,7 +18,11 @@ from confluent_kafka import (
 )
 
 from codeclog.kafka.access import refusal, refusal_of_unused, refused_kind
-from codeclog.kafka.calls import ClusterUnavailableError, InfrastructureError
+from codeclog.kafka.calls import (
+    ClusterUnavailableError,
+    InfrastructureError,
+    OpenTransactionError,
+)
 from codeclog.kafka.log import client_settings
 from codeclog.kafka.records import InputRecord, Position
 
@@ -99,7 +103,7 @@ def read_partitions(
         deadline = time.monotonic() + timeout_s
         while waiting:
             if time.monotonic() > deadline:
-                raise ClusterUnavailableError(_not_read(consumer, topic, waiting, ends))
+                raise OpenTransactionError(_not_read(consumer, topic, waiting, ends))
             messages = consumer.consume(500, 0.2)
             for message in messages:
                 if message.error() is None:

@@ -2,7 +2,10 @@
 
 The clock runs from the first failure since the last commit; a failure long after the previous
 one (an idle member that commits nothing) starts it again. Past the limit the member gives up
-(InfrastructureError: exit 1; the next member resumes from the committed offsets).
+(InfrastructureError: exit 1; the next member resumes from the committed offsets). A recovery
+that waits for a transaction left open (OpenTransactionError: a member killed mid-transaction)
+waits at least `open_transaction_s`, the time the coordinator takes to abort it: the cluster
+answers, and giving up sooner only hands the same wait to the next member.
 """
 
 from __future__ import annotations
@@ -10,16 +13,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from codeclog.kafka.calls import InfrastructureError, one_line
+from codeclog.kafka.calls import InfrastructureError, OpenTransactionError, one_line
 
 
 class OutageClock:
     """Failures since the last commit, against the outage limit."""
 
     def __init__(
-        self, limit_s: float, where: str, clock: Callable[[], float] = time.monotonic
+        self,
+        limit_s: float,
+        where: str,
+        clock: Callable[[], float] = time.monotonic,
+        open_transaction_s: float = 0.0,
     ) -> None:
         self.limit_s = limit_s
+        self.open_transaction_s = open_transaction_s
         self.where = where  # the cluster, for the message
         self._clock = clock
         self.failing_since: float | None = None  # first failure since the last commit
@@ -40,7 +48,10 @@ class OutageClock:
             self.failing_since = now
         self.last_error = one_line(exc)
         failing_s = now - self.failing_since
-        if failing_s > self.limit_s:
+        limit_s = self.limit_s
+        if isinstance(exc, OpenTransactionError):
+            limit_s = max(limit_s, self.open_transaction_s)
+        if failing_s > limit_s:
             raise InfrastructureError(
                 f"no transaction committed for {failing_s:.0f} s: the cluster at "
                 f"{self.where} keeps failing ({self.last_error}); giving up (the next "

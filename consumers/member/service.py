@@ -52,6 +52,7 @@ from codeclog.topics_config import TopicsConfig
 log = logging.getLogger("codeclog.vocode")
 RETRY_PAUSE_S = 1.0  # between two recovery attempts while the cluster does not answer
 FOLD_GAUGES_EVERY_S = 5.0  # the fold state's size is estimated at most this often (it walks it)
+OPEN_TRANSACTION_MARGIN_S = 30.0  # past the cleanup check (10 s) and the read timeouts
 STAT_NAMES = ("records", "windows", "dead_letters", "duplicates", "steps", "void_steps")
 
 
@@ -111,7 +112,13 @@ class VocoderService:
             ),
             self.metrics,
         )
-        self.outage = OutageClock(config.outage_timeout_s, self.bootstrap)
+        # a transaction left open is aborted by its coordinator within its timeout, found by
+        # a check every 10 s (transaction.abort.timed.out.transaction.cleanup.interval.ms)
+        self.outage = OutageClock(
+            config.outage_timeout_s,
+            self.bootstrap,
+            open_transaction_s=config.transaction_timeout_ms / 1000 + OPEN_TRANSACTION_MARGIN_S,
+        )
         self.finished = threading.Event()  # run() returned or raised
         self._stop = stop_event or threading.Event()
         self._assign_failed: BaseException | None = None  # recovery in a callback failed

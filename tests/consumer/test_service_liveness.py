@@ -24,6 +24,7 @@ from codeclog.kafka.access import KafkaAccessError
 from codeclog.kafka.calls import (
     ClusterUnavailableError,
     InfrastructureError,
+    OpenTransactionError,
     StuckCallError,
     bounded,
 )
@@ -120,6 +121,32 @@ def test_failures_past_the_outage_timeout_end_the_member() -> None:
     clock.now += 0.2
     with pytest.raises(InfrastructureError, match="no transaction committed for"):
         outage.failed(error)
+
+
+def test_a_transaction_left_open_is_waited_for_until_its_coordinator_aborts_it() -> None:
+    """A member SIGKILLed mid-transaction leaves it open on the progress partitions; the new
+    owner's recovery reads them only once it is decided, and the coordinator aborts it within
+    the transaction timeout (60 s) plus its 10 s check. With the outage limit at the same 60 s
+    the new owner gave up first (exit 1: the secured SIGKILL test, beside a soak). Such a wait
+    now lasts at least the transaction timeout plus a margin; any other failure keeps the
+    outage limit."""
+    service = _service(outage_timeout_s=60.0, transaction_timeout_ms=60_000)
+    clock = _Clock()
+    outage = OutageClock(60.0, "here", clock, service.outage.open_transaction_s)
+    open_txn = OpenTransactionError("a transaction still open there")
+
+    def fail_every_5_s_for(outage: OutageClock, exc: Exception, seconds: int) -> None:
+        for _ in range(seconds // 5):  # each recovery attempt fails again
+            outage.failed(exc)
+            clock.now += 5.0
+
+    fail_every_5_s_for(outage, open_txn, 85)  # the coordinator aborts 60-70 s in
+    outage.failed(open_txn)
+    with pytest.raises(InfrastructureError, match="no transaction committed for"):
+        fail_every_5_s_for(outage, open_txn, 20)  # never decided: the cluster is not well
+    other = OutageClock(60.0, "here", clock, service.outage.open_transaction_s)
+    with pytest.raises(InfrastructureError):
+        fail_every_5_s_for(other, ClusterUnavailableError("timed out"), 85)
 
 
 def test_a_failure_long_after_the_last_one_starts_the_clock_again() -> None:
