@@ -61,7 +61,12 @@ LISTENERS = {
 }
 START_TIMEOUT_S = 10.0
 STOP_WAIT_S = 5.0
-API_TIMEOUT_S = 5.0
+ANSWER_TIMEOUT_S = 5.0  # "is it up": a start or a status waits in steps this long
+# A call of its API: Toxiproxy takes a proxy's lock for every call, and a link busy with traffic
+# can hold it seconds under load (a CI run: a first GET of the toxics timed out after 5 s, the
+# 2-core machine running three nodes, two members and the decoder); a read is tried again.
+API_TIMEOUT_S = 15.0
+API_READ_TRIES = 3
 # Toxiproxy turns milliseconds into a Go time.Duration (int64 nanoseconds): a latency plus its
 # jitter above this (about 292 years) wraps around. Toxiproxy accepts such a toxic all the same
 # (up to 2**63 - 1 ms) and delays by what is left: measured with 2.5.0, none at one ms past
@@ -264,7 +269,7 @@ class Toxiproxy:
             return False
         try:
             with urllib.request.urlopen(
-                f"http://{HOST}:{self.api_port}/version", timeout=API_TIMEOUT_S
+                f"http://{HOST}:{self.api_port}/version", timeout=ANSWER_TIMEOUT_S
             ) as response:
                 response.read()
         except (urllib.error.URLError, OSError):
@@ -272,6 +277,18 @@ class Toxiproxy:
         return True
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
+        """One call of Toxiproxy's API; a read that times out is tried again (API_READ_TRIES),
+        a change never (it may have happened)."""
+        tries = API_READ_TRIES if method == "GET" else 1
+        for attempt in range(1, tries + 1):
+            try:
+                return self._call(method, path, body)
+            except LinkError as exc:
+                if attempt == tries or not _timed_out(exc.__cause__):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _call(self, method: str, path: str, body: Any) -> Any:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
             f"http://{HOST}:{self.api_port}{path}", data=data, method=method
@@ -308,6 +325,13 @@ class Toxiproxy:
         if disabled:
             found.append(f"Toxiproxy (pid {pid}) has the proxies {', '.join(disabled)} disabled")
         return found
+
+
+def _timed_out(exc: BaseException | None) -> bool:
+    """urllib's way of saying a call timed out: TimeoutError, or a URLError wrapping one."""
+    if isinstance(exc, urllib.error.URLError):
+        exc = exc.reason if isinstance(exc.reason, BaseException) else None
+    return isinstance(exc, TimeoutError)
 
 
 def _reason(body: bytes) -> str:

@@ -5,6 +5,8 @@ does with them: test_links_toxiproxy.py."""
 
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +229,59 @@ def test_a_faultable_cluster_is_plaintext_only_and_a_plain_one_stays_plain(
     _write_cluster(tmp_path / "plain", faultable=False)
     with pytest.raises(LinkUsageError, match="not faultable"):
         LocalCluster(tmp_path / "plain", 3, faultable=True).start()
+
+
+class _SlowFirstAnswers:
+    """An HTTP server that sits on each path's first request past the client's timeout and
+    answers `[]` (and counts) from then on: Toxiproxy holding a proxy's lock under load."""
+
+    def __init__(self, hold_s: float) -> None:
+        import http.server
+        import threading
+
+        seen: dict[str, int] = {}
+        self.seen = seen
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                key = f"{self.command} {self.path}"
+                seen[key] = seen.get(key, 0) + 1
+                if seen[key] == 1:
+                    time.sleep(hold_s)
+                body = b"[]"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                with contextlib.suppress(OSError):
+                    self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_read_that_times_out_is_tried_again_and_a_change_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from codeclog.devtools import links
+
+    monkeypatch.setattr(links, "API_TIMEOUT_S", 0.3)
+    server = _SlowFirstAnswers(hold_s=1.0)
+    try:
+        toxiproxy = links.Toxiproxy(tmp_path, server.port)
+        assert toxiproxy.toxics("p") == []  # the first GET timed out, the second answered
+        assert server.seen["GET /proxies/p/toxics"] == 2
+        with pytest.raises(LinkError, match="does not answer"):
+            toxiproxy.add_toxic("p", {"name": "latency-upstream"})
+        assert server.seen["POST /proxies/p/toxics"] == 1  # a change is never sent twice
+    finally:
+        server.close()

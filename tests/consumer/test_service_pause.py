@@ -183,3 +183,28 @@ def test_a_partition_lost_while_paused_is_resumed_when_it_comes_back() -> None:
     calls = len(consumer.calls)
     service.intake.poll()  # resumed once: nothing left to resume
     assert not any(kind == "resume" for kind, _ in consumer.calls[calls:])
+
+
+def test_rebalance_callbacks_served_by_close_neither_raise_nor_rebuild() -> None:
+    """librdkafka serves a pending rebalance inside close: the member is leaving, so an
+    assignment is not rebuilt (no committed-offsets read) and a revocation drops what it held."""
+    consumer = FakeConsumer([0, 1])
+    pipeline = SlowPipeline(0.0)
+    service = _service(pipeline, consumer)
+    asked: list[Any] = []
+
+    def committed(partitions: list[TopicPartition]) -> list[TopicPartition]:
+        asked.append(partitions)
+        return []
+
+    service.intake.committed = committed
+
+    def close() -> None:
+        service.intake._on_revoke(consumer, [TopicPartition("chunks", 1)])
+        service.intake._on_assign(consumer, [TopicPartition("chunks", 2)])
+
+    consumer.close = close  # type: ignore[attr-defined]
+    service._close(1.0)
+    assert pipeline.events == ["drop 1"]
+    assert asked == [] and service._assign_failed is None
+    assert service.intake.consumer is None
