@@ -285,6 +285,10 @@ def test_the_history_checker_reads_a_complete_log_while_node_1_is_down(
         producer.commit_transaction(120)  # once node 1 has left the ISR
         assert fates(partition_batches(log_dirs[1], topic, 0)) == {0: OPEN, 1: OPEN, 2: OPEN}
         with Locator(client) as locate:
+            # commit_transaction returns once the coordinator has decided; the markers are
+            # written after, and the high watermark passes the leader's only once node 3 has
+            # it too (CI read end 4, high watermark 3)
+            _wait(lambda: locate(topic, 0)[1] == 4, 30, "the commit marker under the watermark")
             log, found = read_log(log_dirs, topic, 0, locate)
         assert log.node == 2 and log.complete and log.high_watermark == 4, log
         assert found == {0: COMMIT, 1: COMMIT, 2: COMMIT}
