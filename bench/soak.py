@@ -487,7 +487,7 @@ class Soak:
         listeners = {}
         for isolation in LISTENERS:
             role = f"listener-{isolation}"
-            code = self.others.stop(role, signal.SIGINT, STOP_S)
+            code = self.others.stop(role, signal.SIGTERM, STOP_S)
             listeners[role] = {"exit": code, **listener_progress(self.others.text(role))}
             if code not in (0, None):
                 self.failures.append(f"{role} exited {code}")

@@ -1,4 +1,4 @@
-"""What the member learns from the cluster once, at start, and how it is asked to stop.
+"""What the member learns from the cluster once, at start.
 
 One metadata request first: an unreachable cluster is one error, not a minute of librdkafka
 retries. It also says how many partitions the chunk topic has (the open-stream limit is a count
@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
-import threading
-from types import FrameType
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -81,13 +78,3 @@ def _dead_letter_limit(admin: Any, topic: str, timeout_s: float) -> int:
     if limit != DEAD_LETTER_RAW_LIMIT:
         log.info("dead letters keep raw values whole up to %d bytes (%s)", limit, topic)
     return limit
-
-
-def install_stop_handlers(stop: threading.Event) -> None:
-    """SIGTERM and SIGINT set `stop`: the member finishes its step, commits and leaves."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)

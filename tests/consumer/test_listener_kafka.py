@@ -420,6 +420,36 @@ def _cli(stack: Any, *args: str) -> list[str]:
     return [sys.executable, "-m", "codeclog.cli", *args, *common]
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_listen_stops_cleanly_on_sigterm_and_on_a_sigint_it_inherited_ignored(
+    stack: Any, tmp_path: Any, sig: signal.Signals
+) -> None:
+    """A supervisor stops `codeclog listen` with SIGTERM; a shell without job control starts a
+    background job with SIGINT ignored (so Python installs no KeyboardInterrupt). Either way the
+    listener ends its streams, prints its summary and exits 0 (the soak's listeners, started
+    that way, ignored SIGINT and were SIGKILLed a minute later)."""
+    err = tmp_path / "listen.err"
+    with err.open("wb") as sink:
+        listener = subprocess.Popen(
+            _cli(stack, "listen", "--out", str(tmp_path / "wav")),
+            stdout=subprocess.PIPE, stderr=sink,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "[listen]" not in err.read_text(errors="replace"):
+            assert listener.poll() is None, err.read_text(errors="replace")
+            assert time.monotonic() < deadline, "the listener never started"
+            time.sleep(0.2)
+        listener.send_signal(sig)
+        out, _ = listener.communicate(timeout=30)
+    finally:
+        listener.kill()
+    assert listener.returncode == 0, err.read_text(errors="replace")
+    assert err.read_text().endswith("\n")  # the last progress line, then the summary
+    assert out == b""  # no stream was open: nothing to summarise
+
+
 def _per_epoch(expected: dict[Key, bytes]) -> dict[tuple[str, int], bytes]:
     out: dict[tuple[str, int], bytearray] = {}
     for (rid, epoch, _), pcm in sorted(expected.items()):  # window order within each epoch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 import wave
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import IO, Any
 
 from codeclog.cli.config import add_kafka_args, kafka_client_config, topics_config
 from codeclog.cli.parsing import Subparsers, add_command, add_flag
+from codeclog.cli.stop_signals import install_stop_handlers
 from codeclog.user_files import make_folder
 
 EPILOG = """\
@@ -32,9 +34,9 @@ line per stream (on stdout; on stderr with --stdout): windows, seconds, first-au
 (arrival of window 0 - produced_at of its newest codec chunk), gaps (windows never received),
 windows confirmed by their committed copy, and other later copies (identical / different).
 
-Exit codes: 0 stopped (idle with --exit-when-idle, every --request ended with --until-final, or
-SIGINT); 1 the topic cannot be read, or a later copy differed (a mismatch); 2 usage or
-configuration error.
+Exit codes: 0 stopped (idle with --exit-when-idle, every --request ended with --until-final,
+or SIGINT or SIGTERM: the open streams are ended and their files closed first); 1 the topic
+cannot be read, or a later copy differed (a mismatch); 2 usage or configuration error.
 
 Examples:
   codeclog listen --out listened/ --exit-when-idle 5
@@ -138,11 +140,13 @@ def run(args: argparse.Namespace) -> int:
         live_topic=topics.live,
     )
     sink = Sink(args.out, sys.stdout.buffer if args.stdout else None)
+    stop = threading.Event()
+    install_stop_handlers(stop)
     last_audio = time.monotonic()
     shown = 0.0
     try:
         listener.start()
-        while True:
+        while not stop.is_set():
             delivered = listener.poll(0.1)
             for item in delivered:
                 sink.write(item)
@@ -160,8 +164,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"codeclog listen: {exc}", file=sys.stderr)
         sink.close()
         return 1
-    except KeyboardInterrupt:
-        pass
     for item in listener.close():
         sink.write(item)
     sink.close()

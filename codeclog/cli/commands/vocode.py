@@ -167,7 +167,7 @@ def _refused(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from codeclog.consumers.member.startup import install_stop_handlers
+    from codeclog.cli.stop_signals import install_stop_handlers
 
     stop = threading.Event()
     install_stop_handlers(stop)  # before the (slow) model load: SIGTERM then exits cleanly
