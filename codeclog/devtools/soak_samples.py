@@ -34,6 +34,10 @@ class ProcessSample:
     rss_bytes: int
     fds: int
     threads: int
+    kafka_handles: int = 0  # librdkafka clients alive: one "rdk:main" thread each
+
+
+KAFKA_HANDLE_THREAD = "rdk:main"  # the main thread of each librdkafka handle
 
 
 def parse_status(text: str) -> tuple[int, int]:
@@ -58,7 +62,25 @@ def sample_process(pid: int | None, proc: Path = PROC) -> ProcessSample | None:
         fds = len(os.listdir(proc / str(pid) / "fd"))
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    return ProcessSample(pid, rss, fds, threads)
+    return ProcessSample(pid, rss, fds, threads, kafka_handles(pid, proc))
+
+
+def kafka_handles(pid: int, proc: Path = PROC) -> int:
+    """How many librdkafka clients (producers, consumers, admin clients) the process holds:
+    its threads named KAFKA_HANDLE_THREAD. A handle replaced and never destroyed shows here
+    before its threads and sockets are noticed among the others."""
+    count = 0
+    try:
+        tasks = os.listdir(proc / str(pid) / "task")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0
+    for task in tasks:
+        try:
+            name = (proc / str(pid) / "task" / task / "comm").read_text().strip()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue  # the thread ended meanwhile
+        count += name == KAFKA_HANDLE_THREAD
+    return count
 
 
 def metric_values(text: str) -> dict[str, float]:

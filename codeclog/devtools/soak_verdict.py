@@ -272,11 +272,12 @@ def _mb(sample: ProcessSample | None) -> str:
 
 def process_table(samples: Sequence[Sample], found: Sequence[Growth]) -> str:
     """Per process: RSS at the first, middle and last sample, fds and threads first -> last,
-    and the growth of each over the second half (the verdict's figures)."""
+    the growth of each over the second half (the verdict's figures), and the librdkafka
+    handles it held first, at most and last."""
     lines = [
         "| process | RSS MB first / mid / last | RSS | fds first -> last | fds | threads first "
-        "-> last | threads | note |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "-> last | threads | Kafka handles first / most / last | note |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     by_role = {(g.role, g.metric): g for g in found}
     roles = list(dict.fromkeys(role for s in samples for role in s.processes))
@@ -294,6 +295,8 @@ def process_table(samples: Sequence[Sample], found: Sequence[Growth]) -> str:
                 b = "-" if last is None else getattr(last, metric)
                 cells.append(f"{a} -> {b}")
             cells.append(cell)
+        handles = [p.kafka_handles for p in seen]
+        cells.append(f"{handles[0]} / {max(handles)} / {handles[-1]}" if handles else "-")
         rss = by_role.get((role, "rss_bytes"))
         note = "" if rss is None else rss.note or ("" if rss.judged else "not judged: tooling")
         lines.append(f"| {role} | {' | '.join(cells)} | {note} |")

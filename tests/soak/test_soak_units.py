@@ -22,6 +22,7 @@ from codeclog.devtools.soak_samples import (
     ProcessSample,
     Sample,
     exporter_lag,
+    kafka_handles,
     listener_progress,
     member_figures,
     metric_values,
@@ -66,6 +67,22 @@ def test_this_process_is_sampled_and_a_gone_one_is_none() -> None:
     assert me.rss_bytes > 1_000_000 and me.threads >= 1 and me.fds >= 3
     assert sample_process(None) is None
     assert sample_process(2**22 + 12345) is None  # above pid_max's default: no such process
+
+
+def test_each_librdkafka_handle_alive_is_counted_and_a_destroyed_one_is_not() -> None:
+    """The soak's leak finder for the issue's "handles replaced and never destroyed"."""
+    import gc
+
+    from confluent_kafka import Producer
+
+    before = kafka_handles(os.getpid())
+    producers = [Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0}) for _ in range(2)]
+    sample = sample_process(os.getpid())
+    assert sample is not None and sample.kafka_handles == before + 2
+    producers.clear()
+    gc.collect()
+    assert kafka_handles(os.getpid()) == before
+    assert kafka_handles(2**22 + 12345) == 0  # no such process
 
 
 PAGE = """# HELP codeclog_vocoder_windows_total Decode windows vocoded
