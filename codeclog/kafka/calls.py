@@ -99,11 +99,17 @@ def bounded(what: str, call: Callable[[], T], timeout_s: float) -> T:
     worker.join(limit)
     if worker.is_alive() or not box:
         raise StuckCallError(what, limit, worker)
-    ok, value = box[0]
-    if not ok:
+    ok, value = box.pop()
+    if ok:
+        result: T = value
+        return result
+    try:
         raise value
-    result: T = value
-    return result
+    finally:
+        # The exception's traceback holds this frame: left in `value` it would be a reference
+        # cycle, and whatever `call` holds (a producer: its threads and sockets) would live
+        # until the cyclic collector's next full pass, which a large heap makes rare.
+        del value
 
 
 def kafka_error(exc: BaseException) -> KafkaError | None:

@@ -4,12 +4,14 @@ crash is in test_vocode_faults.py.)"""
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 import time
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from codeclog.cli.commands import vocode as vocode_command
 from codeclog.consumers.member import transaction as transaction_module
@@ -19,6 +21,7 @@ from codeclog.consumers.member.service import VocoderService
 from codeclog.consumers.member.transaction import Transactions
 from codeclog.consumers.member.writes import StepWrites
 from codeclog.consumers.stream.pipeline import StepOutput
+from codeclog.devtools.soak_samples import kafka_handles
 from codeclog.kafka import calls as kafka_calls
 from codeclog.kafka.access import KafkaAccessError
 from codeclog.kafka.calls import (
@@ -48,6 +51,37 @@ def _transactions(service: VocoderService) -> Transactions:
 @pytest.fixture(autouse=True)
 def _short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kafka_calls, "CALL_GRACE_S", 0.1)
+
+
+def _commit_that_times_out() -> None:
+    """A producer's call raising through `bounded`, as Transactions.commit makes one; the
+    producer is referenced only by the call (its closure) once this returns."""
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0})
+
+    def commit() -> None:
+        producer.poll(0)
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))
+
+    with pytest.raises(KafkaException):
+        bounded("commit_transaction", commit, 1.0)
+
+
+def test_an_error_raised_through_bounded_keeps_nothing_its_call_held_alive() -> None:
+    """The exception a bounded call raises used to hold itself through the frame it was
+    re-raised from (a reference cycle): the producer the call closed over, with its librdkafka
+    threads and sockets, then lived until the cyclic collector's next full pass, which a
+    member's large heap makes rare (issue 43's soak). With the collector off, the handle must
+    go as soon as the exception does."""
+    baseline = kafka_handles(os.getpid())
+    gc.disable()
+    try:
+        _commit_that_times_out()
+        deadline = time.monotonic() + 5
+        while kafka_handles(os.getpid()) > baseline and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert kafka_handles(os.getpid()) == baseline
+    finally:
+        gc.enable()
 
 
 def test_a_call_past_its_timeout_is_abandoned_as_stuck() -> None:
@@ -395,11 +429,12 @@ def test_init_transactions_at_start_gives_up_on_a_fatal_error() -> None:
 
 class _Producer:
     """A producer whose commit can be held inside librdkafka (`hold`), and that says when it
-    was closed (purged and flushed: then dropped, destroyed)."""
+    was closed (purged, flushed, then its handle destroyed by close())."""
 
     def __init__(self, config: Any = None) -> None:
         self.hold = threading.Event()
         self.hold.set()
+        self.flushed = threading.Event()
         self.closed = threading.Event()
 
     def init_transactions(self, timeout: float) -> None:
@@ -412,8 +447,13 @@ class _Producer:
         pass
 
     def flush(self, timeout: float) -> int:
-        self.closed.set()
+        self.flushed.set()
         return 0
+
+    def close(self) -> bool:
+        assert self.flushed.is_set()  # what was queued went first
+        self.closed.set()
+        return True
 
 
 def test_a_producer_given_up_on_is_destroyed_once_no_call_is_inside_it(
@@ -422,7 +462,10 @@ def test_a_producer_given_up_on_is_destroyed_once_no_call_is_inside_it(
     """A member that rides out a fault every few minutes gives up on a producer now and then
     (a fatal error, a stuck call): each used to stay for the life of the process with its
     threads and sockets (issue 43's soak: member b +14 threads, +26 fds after two). A fatal
-    one is destroyed at once; a stuck one once its call returned, not before."""
+    one is destroyed at once; a stuck one once its call returned, not before. Destroyed means
+    closed: dropping the object left the handle to whatever still referenced it (the soak's
+    next runs: one more handle after each indefinite outcome, until the collector's next full
+    pass)."""
     monkeypatch.setattr(transaction_module, "Producer", _Producer)
     transactions = _transactions(_service(kafka_timeout_s=0.1))
     fatal_one = _Producer()
