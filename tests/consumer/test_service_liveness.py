@@ -4,14 +4,13 @@ crash is in test_vocode_faults.py.)"""
 
 from __future__ import annotations
 
-import gc
-import os
+import sys
 import threading
 import time
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from codeclog.cli.commands import vocode as vocode_command
 from codeclog.consumers.member import transaction as transaction_module
@@ -21,7 +20,6 @@ from codeclog.consumers.member.service import VocoderService
 from codeclog.consumers.member.transaction import Transactions
 from codeclog.consumers.member.writes import StepWrites
 from codeclog.consumers.stream.pipeline import StepOutput
-from codeclog.devtools.soak_samples import kafka_handles
 from codeclog.kafka import calls as kafka_calls
 from codeclog.kafka.access import KafkaAccessError
 from codeclog.kafka.calls import (
@@ -34,6 +32,7 @@ from codeclog.kafka.calls import (
 from codeclog.kafka.reader import input_record
 from codeclog.topics_config import TopicsConfig
 from tests.fake_kafka import FakeTransactional
+from tests.processes import run_in_tree
 
 EMPTY_STEP = StepWrites([], [], [], None)
 
@@ -53,17 +52,30 @@ def _short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kafka_calls, "CALL_GRACE_S", 0.1)
 
 
-def _commit_that_times_out() -> None:
-    """A producer's call raising through `bounded`, as Transactions.commit makes one; the
-    producer is referenced only by the call (its closure) once this returns."""
+BOUNDED_CHILD = """
+import gc, os, time
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer
+from codeclog.devtools.soak_samples import kafka_handles
+from codeclog.kafka.calls import bounded
+
+def commit_that_times_out():
     producer = Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0})
 
-    def commit() -> None:
+    def commit():
         producer.poll(0)
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))
 
     with pytest.raises(KafkaException):
         bounded("commit_transaction", commit, 1.0)
+
+gc.disable()
+commit_that_times_out()
+deadline = time.monotonic() + 5
+while kafka_handles(os.getpid()) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(kafka_handles(os.getpid()))
+"""
 
 
 def test_an_error_raised_through_bounded_keeps_nothing_its_call_held_alive() -> None:
@@ -71,17 +83,11 @@ def test_an_error_raised_through_bounded_keeps_nothing_its_call_held_alive() -> 
     re-raised from (a reference cycle): the producer the call closed over, with its librdkafka
     threads and sockets, then lived until the cyclic collector's next full pass, which a
     member's large heap makes rare (issue 43's soak). With the collector off, the handle must
-    go as soon as the exception does."""
-    baseline = kafka_handles(os.getpid())
-    gc.disable()
-    try:
-        _commit_that_times_out()
-        deadline = time.monotonic() + 5
-        while kafka_handles(os.getpid()) > baseline and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert kafka_handles(os.getpid()) == baseline
-    finally:
-        gc.enable()
+    go as soon as the exception does. In a fresh interpreter, where no other test's handles
+    come and go."""
+    done = run_in_tree([sys.executable, "-c", BOUNDED_CHILD], timeout_s=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0"]
 
 
 def test_a_call_past_its_timeout_is_abandoned_as_stuck() -> None:

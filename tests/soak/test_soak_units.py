@@ -10,6 +10,7 @@ import math
 import os
 import random
 import socket
+import sys
 import urllib.request
 
 import pytest
@@ -22,7 +23,6 @@ from codeclog.devtools.soak_samples import (
     ProcessSample,
     Sample,
     exporter_lag,
-    kafka_handles,
     listener_progress,
     member_figures,
     metric_values,
@@ -46,6 +46,7 @@ from codeclog.devtools.soak_verdict import (
     verdict,
     verdict_line,
 )
+from tests.processes import run_in_tree
 
 STATUS = """Name:\tpython
 State:\tS (sleeping)
@@ -69,20 +70,28 @@ def test_this_process_is_sampled_and_a_gone_one_is_none() -> None:
     assert sample_process(2**22 + 12345) is None  # above pid_max's default: no such process
 
 
+HANDLES_CHILD = """
+import gc, os, sys
+from confluent_kafka import Producer
+from codeclog.devtools.soak_samples import kafka_handles, sample_process
+before = kafka_handles(os.getpid())
+producers = [Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0}) for _ in range(2)]
+sample = sample_process(os.getpid())
+made = sample.kafka_handles if sample is not None else -1
+producers.clear()
+gc.collect()
+print(before, made, kafka_handles(os.getpid()), kafka_handles(2**22 + 12345))
+"""
+
+
 def test_each_librdkafka_handle_alive_is_counted_and_a_destroyed_one_is_not() -> None:
-    """The soak's leak finder for the issue's "handles replaced and never destroyed"."""
-    import gc
-
-    from confluent_kafka import Producer
-
-    before = kafka_handles(os.getpid())
-    producers = [Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0}) for _ in range(2)]
-    sample = sample_process(os.getpid())
-    assert sample is not None and sample.kafka_handles == before + 2
-    producers.clear()
-    gc.collect()
-    assert kafka_handles(os.getpid()) == before
-    assert kafka_handles(2**22 + 12345) == 0  # no such process
+    """The soak's leak finder for the issue's "handles replaced and never destroyed". In a
+    fresh interpreter: the test session's own handles (other tests', closed in the background)
+    would come and go meanwhile."""
+    done = run_in_tree([sys.executable, "-c", HANDLES_CHILD], timeout_s=60)
+    assert done.returncode == 0, done.stderr
+    before, made, after, no_such_process = map(int, done.stdout.split())
+    assert (before, made, after, no_such_process) == (0, 2, 0, 0)
 
 
 PAGE = """# HELP codeclog_vocoder_windows_total Decode windows vocoded
