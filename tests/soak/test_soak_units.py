@@ -71,7 +71,7 @@ def test_this_process_is_sampled_and_a_gone_one_is_none() -> None:
 
 
 HANDLES_CHILD = """
-import gc, os, sys
+import gc, os
 from confluent_kafka import Producer
 from codeclog.devtools.soak_samples import kafka_handles, sample_process
 before = kafka_handles(os.getpid())
