@@ -2,12 +2,14 @@
 
 `Assembler` yields `ListenerChunk`s per (request, epoch), in window order (window_index;
 sample_offset places the PCM), each window once, with a clear end of stream (`end == "final"` on
-the epoch's final window). A later copy of a window is compared with the first (bytes within a
-determinism domain, the numeric bound of consumers.readers.audio_compare across domains),
-counted, and never played twice. A speculative listener gets two copies of every window (the
-live one, then the committed one, docs/listening.md) and more after a re-decode: the committed
-copy that matches the window played counts as its confirmation (`confirmed`), any other
-identical copy as a duplicate. consumers/readers/listener.py feeds it from Kafka.
+the epoch's final window). A missing window is waited for until committed copies prove it was
+never written (`_bound_pending`): a lost live copy is no gap. A later copy of a window is
+compared with the first (bytes within a determinism domain, the numeric bound of
+consumers.readers.audio_compare across domains), counted, and never played twice. A
+speculative listener gets two copies of every window (the live one, then the committed one,
+docs/listening.md) and more after a re-decode: the committed copy that matches the window
+played counts as its confirmation (`confirmed`), any other identical copy as a duplicate.
+consumers/readers/listener.py feeds it from Kafka.
 
 Memory is bounded (ListenerConfig): at most `max_open_streams` open streams (the least recently
 opened is ended with `end == "evicted"` beyond it), per stream at most `max_pending` windows
@@ -212,18 +214,32 @@ class Assembler:
         index = copy.chunk.window_index
         if index < stream.next_index or index in stream.pending:
             self._later_copy(stream, copy.chunk, copy.committed)
-            return []
+            held = index in stream.pending  # its committed copy may prove a gap before it
+            return self._bound_pending(stream, now) if held and not stream.ended else []
         if stream.ended:
             self.stats.after_final += 1
             return []
         stream.pending[index] = copy
         out = self._drain(stream, now)
-        if stream.pending and (
-            len(stream.pending) > self.config.max_pending
-            or any(h.chunk.final for h in stream.pending.values())
-        ):
-            out += self._skip_gap(stream, now)
+        if stream.pending:
+            out += self._bound_pending(stream, now)
         return out
+
+    def _bound_pending(self, stream: _Stream, now: float) -> list[ListenerChunk]:
+        """Windows held behind a gap: skip it once committed copies prove it (an epoch's
+        committed copies come in window order, so a committed final, or more than
+        `max_pending` committed copies, beyond it say its windows were never written), else
+        wait for its committed copies, setting aside the newest live copies beyond
+        `max_pending` (their committed copies will play them): a live copy is best effort, and
+        one lost is no gap."""
+        proven = [h for h in stream.pending.values() if h.committed or h.confirmed]
+        if len(proven) > self.config.max_pending or any(h.chunk.final for h in proven):
+            return self._skip_gap(stream, now)
+        while len(stream.pending) > self.config.max_pending:
+            live = [i for i, h in stream.pending.items() if not (h.committed or h.confirmed)]
+            del stream.pending[max(live)]
+            self.stats.live_set_aside += 1
+        return []
 
     def _drain(self, stream: _Stream, now: float) -> list[ListenerChunk]:
         out = []

@@ -9,6 +9,8 @@ import random
 from typing import Any
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from codeclog.consumers.readers.assembler import Assembler, ListenerChunk, ListenerConfig
 from codeclog.consumers.readers.listener import AudioListener, Isolation, StartMode
@@ -470,3 +472,71 @@ def test_a_speculative_listener_reads_the_live_and_the_audio_topic_and_tells_the
         consumer_factory=lambda _: only,
     ).start()  # fmt: skip
     assert only.assigned == [("audio", 0)]
+
+
+def test_a_lost_live_copy_is_waited_for_past_the_live_final_and_played_from_committed() -> None:
+    """The live copy is best effort (docs/listening.md, limit 5): across a whole-cluster `down`
+    the soak's speculative listener got the live copies of a request's last windows and its
+    final one, not of the windows before them, skipped those as a gap at the live final and
+    dropped their committed copies when they came (run 3: 10 windows). Only a committed copy
+    proves a gap (an epoch's committed copies come in window order), so the live final waits."""
+    a = Assembler()
+    out = a.offer(chunk("r", 0), 1.0, committed=False)
+    out += a.offer(chunk("r", 3), 1.1, committed=False)
+    out += a.offer(chunk("r", 4, final=True), 1.2, committed=False)  # the live 1..2 were lost
+    assert audio(out) == [("r", 0, 0)] and a.stats.gap_windows == 0
+    for index in range(5):
+        out += a.offer(chunk("r", index, final=index == 4), 2.0 + index / 10, committed=True)
+    assert audio(out) == [("r", 0, i) for i in range(5)]
+    assert [c.committed for c in out if c.pcm] == [False, True, True, False, False]
+    report = a.ended("r")
+    assert report is not None and report.end == "final" and report.gap_windows == 0
+    assert report.confirmed == 5 and a.stats.duplicates == 0
+
+
+def test_a_committed_copy_beyond_a_gap_proves_it_in_a_speculative_listener_too() -> None:
+    a = Assembler()
+    a.offer(chunk("r", 0), 1.0, committed=False)
+    out = a.offer(chunk("r", 2, final=True), 1.1, committed=False)
+    assert out == []
+    out = a.offer(chunk("r", 2, final=True), 1.2, committed=True)  # no committed window 1
+    assert audio(out) == [("r", 0, 2)] and a.stats.gap_windows == 1
+
+
+def test_live_copies_beyond_a_lost_one_are_set_aside_past_max_pending_and_played_later() -> None:
+    """Memory stays bounded while a lost live copy is waited for: the newest live copies beyond
+    `max_pending` are set aside (not played, not remembered); their committed copies play them
+    in order."""
+    a = Assembler(ListenerConfig(max_pending=2))
+    out = a.offer(chunk("r", 0), 1.0, committed=False)
+    for index in range(2, 8):  # the live copy of window 1 was lost
+        out += a.offer(chunk("r", index, final=index == 7), 1.0 + index / 10, committed=False)
+        assert a.buffered_bytes() <= (2 + a.config.keep_pcm) * 2 * WINDOW
+    assert audio(out) == [("r", 0, 0)] and a.stats.live_set_aside == 4
+    for index in range(8):
+        out += a.offer(chunk("r", index, final=index == 7), 3.0 + index / 10, committed=True)
+    assert audio(out) == [("r", 0, i) for i in range(8)]
+    report = a.ended("r")
+    assert report is not None and report.gap_windows == 0 and report.confirmed == 8
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_speculative_listener_plays_every_committed_window_once_in_order(data: Any) -> None:
+    """Whatever live copies are lost, repeated or reordered, and however they interleave with
+    the committed copies (which come in window order), each window is played once, in order,
+    with no gap, and memory stays within max_pending."""
+    n = data.draw(st.integers(1, 12), label="windows")
+    max_pending = data.draw(st.integers(1, 4), label="max_pending")
+    live = data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n), label="live copies")
+    committed = list(range(n))
+    order = data.draw(st.permutations([True] * len(live) + [False] * n), label="interleaving")
+    a = Assembler(ListenerConfig(max_pending=max_pending))
+    out: list[ListenerChunk] = []
+    for t, is_live in enumerate(order):
+        index = live.pop(0) if is_live else committed.pop(0)
+        out += a.offer(chunk("r", index, final=index == n - 1), t / 10, committed=not is_live)
+        assert a.buffered_bytes() <= (max_pending + a.config.keep_pcm) * 2 * WINDOW
+    assert audio(out) == [("r", 0, i) for i in range(n)]
+    report = a.ended("r")
+    assert report is not None and report.gap_windows == 0 and report.confirmed == n
