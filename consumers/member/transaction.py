@@ -20,7 +20,8 @@ marks the producer wedged; `ensure_producer` replaces it with a new one under th
 transactional id (init_transactions fences the old one and aborts its open transaction). The
 producer given up on is destroyed (purged, flushed, dropped, on a daemon thread) once no call is
 inside it: at once after a fatal error, when the stuck call returns after a stuck one; until
-then it is `abandoned` (the command line then ends with os._exit). Being fenced by another
+then it is `abandoned` (the command line then ends with os._exit), and more than MAX_ABANDONED
+of them end the member (InfrastructureError: its restart releases them). Being fenced by another
 member ends this one (InfrastructureError).
 """
 
@@ -55,6 +56,11 @@ from codeclog.kafka.calls import (
 log = logging.getLogger("codeclog.vocode")
 
 RETRY_PAUSE_S = 1.0  # between two init_transactions attempts at start
+# Producers given up on with a call still stuck inside librdkafka, at most (each holds a handle:
+# about 13 fds and 7 threads); one more ends the member (exit 1) for its supervisor to start
+# again, the only way to release them: such a call can outlive its timeout by minutes or for
+# good (librdkafka #5456, #5511; the soak's run 3: send_offsets_to_transaction 2-5 minutes)
+MAX_ABANDONED = 3
 CLOSE_ON_FAILURE_S = 2.0  # abort, close and flush bounds once the member is exiting 1
 Refusal = Callable[[BaseException], CodeclogError | None]
 
@@ -147,6 +153,7 @@ class Transactions:
                 else:
                     self._give_up(self.producer)
                     self._reap()  # at once when no call is inside it (a fatal error)
+                    self._bound_abandoned()
             self._retiring = False
             self._stuck = []
             self.producer = Producer(self.producer_config)
@@ -192,6 +199,18 @@ class Transactions:
             else:
                 _close_retired(producer, self.kafka_timeout_s)
         self._abandoned = left
+
+    def _bound_abandoned(self) -> None:
+        """InfrastructureError (exit 1) once more than MAX_ABANDONED producers given up on
+        still have a call inside: their handles are released only with the process."""
+        if len(self._abandoned) > MAX_ABANDONED:
+            self.producer = None
+            calls = sorted({c.name for _, stuck in self._abandoned for c in stuck})
+            raise InfrastructureError(
+                f"{len(self._abandoned)} transactional producers given up on still have a call "
+                f"stuck inside librdkafka ({', '.join(calls)}; librdkafka #5456); ending so "
+                "that a restart releases their threads and sockets"
+            )
 
     def _bounded(self, what: str, call: Callable[[], Any], timeout_s: float) -> Any:
         """kafka.calls.bounded on the current producer; a call that gets stuck is noted as

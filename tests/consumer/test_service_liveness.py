@@ -522,3 +522,31 @@ def test_an_idle_member_handles_a_failed_transaction_at_once() -> None:
     service._rebuild_after = lambda exc: None  # type: ignore[method-assign]
     service._loop()
     assert handled == [failure] and polls == [0, 1]  # on the first idle pass, not at the end
+
+
+def test_more_producers_stuck_than_the_bound_end_the_member_for_a_restart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call stuck inside librdkafka keeps its producer's handle (13 fds, 7 threads) until it
+    returns, minutes later or never (librdkafka #5456, #5511): beyond MAX_ABANDONED such
+    producers the member ends (exit 1) instead of growing, and its supervisor starts it again."""
+    monkeypatch.setattr(transaction_module, "Producer", _Producer)
+    transactions = _transactions(_service(kafka_timeout_s=0.1))
+    transactions.ensure_producer()
+    stuck: list[_Producer] = []
+    for n in range(transaction_module.MAX_ABANDONED + 1):
+        producer = transactions.producer
+        assert isinstance(producer, _Producer)
+        producer.hold.clear()
+        stuck.append(producer)
+        with pytest.raises(StuckCallError) as call:
+            transactions.commit()
+        transactions.handle_error(call.value)
+        if n < transaction_module.MAX_ABANDONED:
+            transactions.ensure_producer("stuck")
+            assert transactions.abandoned == n + 1
+    with pytest.raises(InfrastructureError, match="still have a call stuck inside librdkafka"):
+        transactions.ensure_producer("stuck")
+    assert transactions.producer is None and not any(p.closed.is_set() for p in stuck)
+    for producer in stuck:
+        producer.hold.set()
