@@ -548,5 +548,5 @@ def test_more_producers_stuck_than_the_bound_end_the_member_for_a_restart(
     with pytest.raises(InfrastructureError, match="still have a call stuck inside librdkafka"):
         transactions.ensure_producer("stuck")
     assert transactions.producer is None and not any(p.closed.is_set() for p in stuck)
-    for producer in stuck:
-        producer.hold.set()
+    for held in stuck:
+        held.hold.set()
