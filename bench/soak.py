@@ -713,9 +713,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--fault-every",
         type=float,
-        default=4.0,
+        default=3.5,
         metavar="MIN",
-        help="one fault about every MIN minutes (default 4; 0: none)",
+        help="one fault about every MIN minutes (default 3.5; 0: none)",
     )
     parser.add_argument(
         "--faults",

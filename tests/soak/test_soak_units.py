@@ -321,8 +321,11 @@ def test_the_fault_plan_is_seeded_spread_and_ends_in_time() -> None:
     plan = fault_plan(3600.0, 240.0, faults, random.Random(7))
     assert plan == fault_plan(3600.0, 240.0, faults, random.Random(7))
     assert plan != fault_plan(3600.0, 240.0, faults, random.Random(8))
-    assert all(p.at_s + FAULT_ROOM_S <= 3600.0 for p in plan)
+    assert all(p.at_s + FAULT_ROOM_S + 360.0 <= 3600.0 for p in plan)  # and a 6-minute cool-down
     assert all(b.at_s - a.at_s >= 120.0 for a, b in itertools.pairwise(plan))
     assert sorted(p.fault for p in plan[:4]) == sorted(faults)  # each once before a repeat
+    every = ["f" + str(i) for i in range(14)]  # an hour at the default: each of 14 once
+    assert all({p.fault for p in fault_plan(3600.0, 210.0, every, random.Random(s))} == set(every)
+               for s in range(20))  # fmt: skip
     assert len(fault_plan(600.0, 240.0, faults, random.Random(7))) == 2
     assert fault_plan(600.0, 0.0, faults, random.Random(7)) == []
