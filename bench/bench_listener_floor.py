@@ -62,7 +62,8 @@ def listener(
     bootstrap: str, topic: str, warm_s: float, seconds: float, out: Any, ready: Any
 ) -> None:
     """Join the group, say so (`ready`: the talker starts then), then count the records whose
-    produced_at is past the warm-up, for `seconds` more (and 2 s to read the last)."""
+    produced_at is past the warm-up, for `seconds` more (and 2 s to read the last): for each,
+    its latency and the part of it before the relay's produce() (the record's timestamp), ms."""
     from confluent_kafka import Consumer
 
     consumer = Consumer(
@@ -80,7 +81,7 @@ def listener(
         consumer.consume(1, 0.05)
     ready.set()
     counted_from, until = time.time() + warm_s, time.monotonic() + warm_s + seconds + 2
-    latencies: list[float] = []
+    latencies: list[tuple[float, float]] = []
     while time.monotonic() < until:
         messages = consumer.consume(1, 0.05)  # the first record, then what is there: no wait
         messages += consumer.consume(500, 0) if messages else []
@@ -88,7 +89,8 @@ def listener(
         for m in messages:
             produced_at = CHUNK.unpack_from(m.value() or b"")[0] if m.error() is None else 0.0
             if produced_at > counted_from:
-                latencies.append((now - produced_at) * 1000)
+                written_ms = m.timestamp()[1]
+                latencies.append(((now - produced_at) * 1000, written_ms - produced_at * 1000))
     consumer.close()
     out.put(latencies)
 
@@ -186,6 +188,14 @@ class Relay:
 
 
 def measure(bootstrap: str, streams: int, mode: str, seconds: float, commit_s: float) -> np.ndarray:
+    """Each window's latency, ms."""
+    return measure_hops(bootstrap, streams, mode, seconds, commit_s)[:, 0]
+
+
+def measure_hops(
+    bootstrap: str, streams: int, mode: str, seconds: float, commit_s: float
+) -> np.ndarray:
+    """Each window's latency and the part of it before the relay's produce(), ms (n x 2)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     run = uuid.uuid4().hex[:8]
@@ -208,7 +218,7 @@ def measure(bootstrap: str, streams: int, mode: str, seconds: float, commit_s: f
     processes[1].start()
     try:
         relay.run(until)
-        latencies = np.asarray(out.get(timeout=60), dtype=np.float64)
+        latencies = np.asarray(out.get(timeout=60), dtype=np.float64).reshape(-1, 2)
     finally:
         relay.close()
         for process in processes:

@@ -14,11 +14,14 @@ Rows of two kinds take turns, `--pairs` times (floor, member, floor, member, ...
 
 Latency = produced_at of the chunk that completes a window (its newest chunk) -> the moment the
 listener's consume() returned the window's first copy; chunks of a row's first seconds are not
-counted. Each member row also reports the committed listener, the broker JVM's CPU seconds
-(utime + stime from /proc/<pid>/stat, only on the broker this script starts) and the bytes the
-logs of what it writes grew by (.log segment files of the audio, live, dead-letter and progress
-topics and of the internal transaction and offsets topics; the floor: its audio topic and the
-internal ones), both per second of audio. The last line:
+counted. Each row splits its median at the window's produce() (the audio record's timestamp):
+before it the talker, the broker, the consumer and the step; after it the write, the broker and
+the listener (timestamps are whole ms). Each member row also reports the committed listener,
+the broker JVM's CPU seconds (utime + stime from /proc/<pid>/stat, only on the broker this
+script starts) and the bytes the logs of what it writes grew by (.log segment files of the
+audio, live, dead-letter and progress topics and of the internal transaction and offsets
+topics; the floor: its audio topic and the internal ones), both per second of audio. The last
+line:
 
     speculative p50 <a> / p99 <b> ms, plain floor p50 <c> / p99 <d> ms at 100 streams:
     p50 <R>x, p99 <Q>x                                               (on one line)
@@ -45,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.bench_consumer import InstantEngine, ListenerProbe
-from bench.bench_listener_floor import measure as floor_latencies
+from bench.bench_listener_floor import measure_hops as floor_hops
 from bench.local_broker import Cluster, local_cluster
 from codeclog.schemas.records import SAMPLE_RATE_HZ
 
@@ -97,6 +100,10 @@ class Row:
     cpu_s: float = float("nan")
     log_bytes: int = 0
     live_first: float = float("nan")  # share of windows the speculative listener heard live
+    # of each latency, the part before the window's produce() (its record's timestamp): the
+    # talker, the broker, the consumer and the step; the rest is the write, the broker, the
+    # listener
+    to_write: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
     def p(self, q: float, committed: bool = False) -> float:
         values = self.committed if committed else self.latencies
@@ -172,18 +179,21 @@ def member_row(broker: Broker, streams: int, seconds: float, live: bool) -> Row:
         cpu,
         size,
         speculative.live_first / windows if windows else float("nan"),
+        np.asarray([w - p for p, w, _ in speculative.visible if p >= steady], dtype=np.float64),
     )
 
 
 def floor_row(broker: Broker, streams: int, seconds: float) -> Row:
     cpu, internal = broker.cpu_s(), broker.log_bytes(INTERNAL)
     before = broker.topics()
-    latencies = floor_latencies(broker.bootstrap, streams, "plain", seconds, 0.1)
+    hops = floor_hops(broker.bootstrap, streams, "plain", seconds, 0.1)
     cpu = broker.cpu_s() - cpu
     audio = tuple(t for t in broker.topics() - before if t.startswith("floor-audio-"))
     size = broker.log_bytes(audio) + broker.log_bytes(INTERNAL) - internal
     audio_s = _records(broker.bootstrap, audio) * WINDOW_S  # its warm-up seconds' too
-    return Row("plain floor", latencies, audio_s=audio_s, cpu_s=cpu, log_bytes=size)
+    return Row(
+        "plain floor", hops[:, 0], audio_s=audio_s, cpu_s=cpu, log_bytes=size, to_write=hops[:, 1]
+    )
 
 
 def _records(bootstrap: str, topics: tuple[str, ...]) -> int:
@@ -205,9 +215,10 @@ def _ms(value: float) -> str:
 
 def table(rows: list[Row]) -> str:
     lines = [
-        "| row | windows | speculative p50 / p99 ms | committed p50 / p99 ms | heard live "
-        "| broker CPU s per audio s | log bytes per audio s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| row | windows | speculative p50 / p99 ms | of which to the write / after it, p50 ms "
+        "| committed p50 / p99 ms | heard live | broker CPU s per audio s "
+        "| log bytes per audio s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         committed = (
@@ -215,9 +226,15 @@ def table(rows: list[Row]) -> str:
         )
         live = "-" if np.isnan(row.live_first) else f"{row.live_first:.0%}"
         per_s = row.audio_s or float("nan")
+        split = "-"
+        if row.to_write.size:
+            before = float(np.percentile(row.to_write, 50))
+            after = float(np.percentile(row.latencies - row.to_write, 50))
+            split = f"{_ms(before)} / {_ms(after)}"
         lines.append(
             f"| {row.kind} | {row.latencies.size} | {_ms(row.p(50))} / {_ms(row.p(99))} "
-            f"| {committed} | {live} | {row.cpu_s / per_s:.4f} | {row.log_bytes / per_s:,.0f} |"
+            f"| {split} | {committed} | {live} | {row.cpu_s / per_s:.4f} "
+            f"| {row.log_bytes / per_s:,.0f} |"
         )
     return "\n".join(lines)
 
@@ -254,7 +271,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-live", action="store_true", help="the member writes no live copies (cost: before)"
     )
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        help="sys.setswitchinterval in this process (the member's and the relay's; default 5)",
+    )
     args = parser.parse_args(argv)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     print(f"load before: {_load()}", flush=True)
     with local_cluster(args.bootstrap) as found:
         broker = Broker(found)
