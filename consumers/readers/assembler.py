@@ -75,6 +75,7 @@ class _Stream:
         "pending",
         "report",
         "seen",
+        "successors",
     )
 
     def __init__(self, request_id: str, epoch: int) -> None:
@@ -87,6 +88,8 @@ class _Stream:
         self.last_at: float | None = None
         self.heard_at = 0.0  # listener clock: when a copy of any of its windows last came
         self.ended_at = 0.0  # listener clock: when it ended, or was replaced by a newer epoch
+        # live copies of a newer epoch that came while this one was open: folded once it ends
+        self.successors: list[_Held] = []
 
     @property
     def epoch(self) -> int:
@@ -97,7 +100,7 @@ class _Stream:
         return self.report.end is not None
 
     def buffered_bytes(self) -> int:
-        held = sum(len(h.chunk.pcm_s16le) for h in self.pending.values())
+        held = sum(len(h.chunk.pcm_s16le) for h in (*self.pending.values(), *self.successors))
         return held + sum(len(s.pcm) for s in self.seen.values() if s.pcm is not None)
 
 
@@ -123,6 +126,8 @@ class Assembler:
             maxlen=self.config.max_ended
         )
         self._expired_at = 0.0  # listener clock: the last look for idle streams
+        # copies held for a stream that has ended since: folded next (`_replay`)
+        self._released: collections.deque[_Held] = collections.deque()
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -135,7 +140,7 @@ class Assembler:
 
     def max_buffered_bytes(self, window_bytes: int) -> int:
         """The bound on buffered_bytes() when no window exceeds `window_bytes`."""
-        per_stream = (self.config.max_pending + self.config.keep_pcm) * window_bytes
+        per_stream = (2 * self.config.max_pending + self.config.keep_pcm) * window_bytes
         return self.config.max_open_streams * per_stream
 
     def remembered_streams(self) -> int:
@@ -168,14 +173,23 @@ class Assembler:
             log.warning("corrupt window %s epoch %d #%d dropped", rid, chunk.cache_epoch,
                         chunk.window_index)  # fmt: skip
             return []
+        copy = _Held(chunk, now, written_at_ms, committed, committed)
+        return self._fold(copy, now) + self._replay(now)
+
+    def _fold(self, copy: _Held, now: float) -> list[ListenerChunk]:
+        chunk, rid = copy.chunk, copy.chunk.request_id
         out: list[ListenerChunk] = []
         stream = self._open.get(rid) or self._ended.get(rid)
         if stream is not None and chunk.cache_epoch < stream.epoch:
-            self._older_copy(chunk, committed)
+            self._older_copy(chunk, copy.committed)
             return []
         if stream is None or chunk.cache_epoch > stream.epoch:
             if stream is not None and not stream.ended:
+                if not copy.committed:  # its windows may still come: only committed order tells
+                    self._hold_successor(stream, copy)
+                    return []
                 out += self._end(stream, "superseded", now)
+                return out + self._replay(now) + self._fold(copy, now)
             if stream is not None:  # its digests stay, for copies that come late
                 self._ended.pop(rid, None)
                 stream.ended_at = now
@@ -187,7 +201,28 @@ class Assembler:
             self._open[rid] = stream
             out += self._enforce_cap(now)
         stream.heard_at = now
-        out += self._window(stream, _Held(chunk, now, written_at_ms, committed, committed), now)
+        out += self._window(stream, copy, now)
+        return out
+
+    def _hold_successor(self, stream: _Stream, copy: _Held) -> None:
+        """A live copy of a newer epoch while `stream` is open: held until the stream ends (its
+        final window played, or a committed copy of a newer epoch proves it over: an epoch's
+        committed copies all come before the next epoch's), so that windows of it whose live
+        copies were lost are still played from their committed copies; beyond `max_pending`
+        the newest is set aside (its committed copy will play it)."""
+        stream.successors.append(copy)
+        if len(stream.successors) > self.config.max_pending:
+            newest = max(
+                stream.successors, key=lambda h: (h.chunk.cache_epoch, h.chunk.window_index)
+            )
+            stream.successors.remove(newest)
+            self.stats.live_set_aside += 1
+
+    def _replay(self, now: float) -> list[ListenerChunk]:
+        """Fold the copies held for streams that have ended meanwhile, in arrival order."""
+        out: list[ListenerChunk] = []
+        while self._released:
+            out += self._fold(self._released.popleft(), now)
         return out
 
     def expire(self, now: float) -> list[ListenerChunk]:
@@ -201,13 +236,15 @@ class Assembler:
         for stream in [s for s in self._open.values() if s.heard_at < horizon]:
             self.stats.idle_ended += 1
             out += self._end(stream, "idle", now)
-        return out
+        return out + self._replay(now)
 
     def close(self, now: float) -> list[ListenerChunk]:
         """End every open stream (`end == "closed"`), delivering what is held."""
         out: list[ListenerChunk] = []
-        for stream in list(self._open.values()):
-            out += self._end(stream, "closed", now)
+        while self._open or self._released:
+            for stream in list(self._open.values()):
+                out += self._end(stream, "closed", now)
+            out += self._replay(now)
         return out
 
     def _window(self, stream: _Stream, copy: _Held, now: float) -> list[ListenerChunk]:
@@ -393,6 +430,8 @@ class Assembler:
         stream.ended_at = now
         self._open.pop(rid, None)
         stream.pending.clear()
+        self._released.extend(stream.successors)
+        stream.successors.clear()
         for seen in stream.seen.values():
             seen.pcm = None
         stream.pcm_kept.clear()
