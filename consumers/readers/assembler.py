@@ -13,8 +13,9 @@ consumers/readers/listener.py feeds it from Kafka.
 
 Memory is bounded (ListenerConfig): at most `max_open_streams` open streams (the least recently
 opened is ended with `end == "evicted"` beyond it), per stream at most `max_pending` windows
-held out of order, the PCM of the last `keep_pcm` delivered windows (for cross-domain
-comparison of later copies) and the digests of the last `keep_digests`; ended streams keep
+held out of order and `max_pending` live copies of a newer epoch held until it ends, the PCM
+of the last `keep_pcm` delivered windows (for cross-domain comparison of later copies) and the
+digests of the last `keep_digests`; ended streams keep
 their digests only, in an LRU of `max_ended` (each request's newest epoch) and another of
 `max_ended` (epochs a newer one replaced: their committed copies can come after it began), each
 for `ended_ttl_s` after it ended or was replaced (a listener of named requests keeps its few for
