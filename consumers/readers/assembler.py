@@ -253,7 +253,7 @@ class Assembler:
         if index < stream.next_index or index in stream.pending:
             self._later_copy(stream, copy.chunk, copy.committed)
             held = index in stream.pending  # its committed copy may prove a gap before it
-            return self._bound_pending(stream, now) if held and not stream.ended else []
+            return self._bound_pending(stream, now) if held else []
         if stream.ended:
             self.stats.after_final += 1
             return []
@@ -270,11 +270,12 @@ class Assembler:
         wait for its committed copies, setting aside the newest live copies beyond
         `max_pending` (their committed copies will play them): a live copy is best effort, and
         one lost is no gap."""
-        proven = [h for h in stream.pending.values() if h.committed or h.confirmed]
+        # `confirmed`: its committed copy has arrived (it is that copy, or that copy came for it)
+        proven = [h for h in stream.pending.values() if h.confirmed]
         if len(proven) > self.config.max_pending or any(h.chunk.final for h in proven):
             return self._skip_gap(stream, now)
         while len(stream.pending) > self.config.max_pending:
-            live = [i for i, h in stream.pending.items() if not (h.committed or h.confirmed)]
+            live = [i for i, h in stream.pending.items() if not h.confirmed]
             del stream.pending[max(live)]
             self.stats.live_set_aside += 1
         return []

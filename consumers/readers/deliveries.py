@@ -83,4 +83,6 @@ class ListenerStats:
     gap_windows: int = 0
     evicted: int = 0
     idle_ended: int = 0  # open streams ended after idle_end_s without a copy of any window
-    live_set_aside: int = 0  # live copies held behind a lost one past max_pending: not played
+    # live copies past max_pending held behind a lost one, or of a newer epoch while the older
+    # one is open: not played (their committed copies play them)
+    live_set_aside: int = 0
