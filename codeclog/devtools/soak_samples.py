@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ class ProcessSample:
 
 
 KAFKA_HANDLE_THREAD = "rdk:main"  # the main thread of each librdkafka handle
+HANDLE_SETTLE_S = 0.02  # a new thread names itself well within this
 
 
 def parse_status(text: str) -> tuple[int, int]:
@@ -65,22 +67,36 @@ def sample_process(pid: int | None, proc: Path = PROC) -> ProcessSample | None:
     return ProcessSample(pid, rss, fds, threads, kafka_handles(pid, proc))
 
 
-def kafka_handles(pid: int, proc: Path = PROC) -> int:
+def kafka_handles(pid: int, proc: Path = PROC, settle_s: float = HANDLE_SETTLE_S) -> int:
     """How many librdkafka clients (producers, consumers, admin clients) the process holds:
     its threads named KAFKA_HANDLE_THREAD. A handle replaced and never destroyed shows here
-    before its threads and sockets are noticed among the others."""
-    count = 0
-    try:
-        tasks = os.listdir(proc / str(pid) / "task")
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+    before its threads and sockets are noticed among the others.
+
+    A thread the main thread starts (a broker thread) carries its creator's name until it
+    names itself, so a thread is counted only if it still has the name settle_s later: a
+    reading taken as a handle met a new broker counted one handle too many (CI, stop 48)."""
+    named = _threads_named(pid, proc, KAFKA_HANDLE_THREAD, None)
+    if not named:
         return 0
+    time.sleep(settle_s)
+    return len(_threads_named(pid, proc, KAFKA_HANDLE_THREAD, named))
+
+
+def _threads_named(pid: int, proc: Path, name: str, among: set[str] | None) -> set[str]:
+    """The process's threads (among those given, or all) whose name is name now."""
+    try:
+        tasks = among if among is not None else set(os.listdir(proc / str(pid) / "task"))
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return set()
+    found = set()
     for task in tasks:
         try:
-            name = (proc / str(pid) / "task" / task / "comm").read_text().strip()
+            comm = (proc / str(pid) / "task" / task / "comm").read_text().strip()
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue  # the thread ended meanwhile
-        count += name == KAFKA_HANDLE_THREAD
-    return count
+        if comm == name:
+            found.add(task)
+    return found
 
 
 def metric_values(text: str) -> dict[str, float]:

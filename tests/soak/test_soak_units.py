@@ -12,9 +12,11 @@ import random
 import socket
 import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 
+from codeclog.devtools import soak_samples
 from codeclog.devtools.soak_plan import FAULT_ROOM_S, fault_plan
 from codeclog.devtools.soak_samples import (
     MEMBER_METRICS,
@@ -23,6 +25,7 @@ from codeclog.devtools.soak_samples import (
     ProcessSample,
     Sample,
     exporter_lag,
+    kafka_handles,
     listener_progress,
     member_figures,
     metric_values,
@@ -92,6 +95,24 @@ def test_each_librdkafka_handle_alive_is_counted_and_a_destroyed_one_is_not() ->
     assert done.returncode == 0, done.stderr
     before, made, after, no_such_process = map(int, done.stdout.split())
     assert (before, made, after, no_such_process) == (0, 2, 0, 0)
+
+
+def test_a_thread_that_carries_its_creators_name_for_a_moment_is_not_a_handle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker thread starts with its creator's name "rdk:main" and names itself a moment
+    later: a reading taken in that moment counted 3 handles for 2 (CI at stop 48)."""
+    tasks = tmp_path / "77" / "task"
+    for tid, name in (("77", "python"), ("78", "rdk:main"), ("79", "rdk:main"), ("80", "rdk:main")):
+        (tasks / tid).mkdir(parents=True)
+        (tasks / tid / "comm").write_text(name + "\n")
+
+    def the_new_thread_names_itself(seconds: float) -> None:
+        (tasks / "80" / "comm").write_text("rdk:broker-1\n")
+
+    monkeypatch.setattr(soak_samples.time, "sleep", the_new_thread_names_itself)
+    assert kafka_handles(77, tmp_path) == 2
+    assert kafka_handles(78, tmp_path) == 0  # no such process
 
 
 PAGE = """# HELP codeclog_vocoder_windows_total Decode windows vocoded
