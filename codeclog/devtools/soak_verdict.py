@@ -8,13 +8,13 @@ FAIL   something was lost, written twice or read wrong: the talker's lost record
        of the history checker, a dead letter, a listener whose later copy differed, a member
        that exited on its own, or a fault the harness could not inject.
 DRIFT  nothing wrong yet, but something creeps: over the second half of the run a process's
-       resident size, open fds or threads grow by more than GROWTH_LIMIT_PCT (a least-squares
-       line through the samples: its rise over the half, against its value where the half
-       starts; for fds and threads also by at least MIN_COUNT_RISE of them: one reconnect's
-       socket and thread is no leak), or the group's lag p99 in the last quarter is worse
-       than in the second (by more than LAG_CREEP_S or LAG_CREEP_RATIO of it, whichever is
-       larger; lag measured while a fault and the FAULT_SETTLE_S after it run is left out of
-       both).
+       resident size, open fds or threads grow by more than GROWTH_LIMIT_PCT (a Theil-Sen
+       line through the samples, robust to a dip or a spike: its rise over the half, against
+       its value where the half starts; for fds and threads also by at least MIN_COUNT_RISE
+       of them: one reconnect's socket and thread is no leak), or the group's lag p99 in the
+       last quarter is worse than in the second (by more than LAG_CREEP_S or LAG_CREEP_RATIO
+       of it, whichever is larger; lag measured while a fault and the FAULT_SETTLE_S after it
+       run is left out of both).
 OK     neither.
 
 A process whose working set fills by design for longer than half the run (the listeners
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 
 from codeclog.devtools.soak_samples import LagPoint, ProcessSample, Sample
@@ -49,26 +50,30 @@ MB = 1_000_000
 
 
 def slope(times: Sequence[float], values: Sequence[float]) -> float:
-    """The least-squares slope of values over times (0 when the times do not vary)."""
-    n = len(times)
-    mean_t, mean_v = sum(times) / n, sum(values) / n
-    spread = sum((t - mean_t) ** 2 for t in times)
-    if spread == 0:
-        return 0.0
-    return sum((t - mean_t) * (v - mean_v) for t, v in zip(times, values, strict=True)) / spread
+    """The Theil-Sen slope of values over times: the median of the slopes between every two
+    samples (0 when the times do not vary). Fitted over all the samples, as a least-squares
+    line is, but a dip or a spike that lasts under a quarter of them (a reconnect's sockets
+    closed for a few minutes, a fault's stuck handle) leaves it where the rest put it."""
+    pairs = [
+        (values[j] - values[i]) / (times[j] - times[i])
+        for i in range(len(times))
+        for j in range(i + 1, len(times))
+        if times[j] != times[i]
+    ]
+    return statistics.median(pairs) if pairs else 0.0
 
 
 def fitted_rise(times: Sequence[float], values: Sequence[float]) -> tuple[float, float] | None:
-    """How much the least-squares line through the samples rises from the first time to the
-    last: (in percent of its value at the first, in the values' unit); None with fewer than
-    MIN_FIT_SAMPLES samples or nothing to compare against (a line at or below 0 where it
-    starts, and a mean of 0)."""
+    """How much the line fitted through the samples (`slope`, through the median of the
+    values less the slope's part) rises from the first time to the last: (in percent of its
+    value at the first, in the values' unit); None with fewer than MIN_FIT_SAMPLES samples or
+    nothing to compare against (a line at or below 0 where it starts, and a median of 0)."""
     if len(times) < MIN_FIT_SAMPLES or times[-1] <= times[0]:
         return None
     per_s = slope(times, values)
-    mean_t, mean_v = sum(times) / len(times), sum(values) / len(values)
-    start = mean_v + per_s * (times[0] - mean_t)
-    base = start if start > 0 else mean_v
+    offsets = zip(times, values, strict=True)
+    level = statistics.median(v - per_s * (t - times[0]) for t, v in offsets)
+    base = level if level > 0 else statistics.median(values)
     if base <= 0:
         return None
     rise = per_s * (times[-1] - times[0])
