@@ -16,12 +16,13 @@ Latency = produced_at of the chunk that completes a window (its newest chunk) ->
 listener's consume() returned the window's first copy; chunks of a row's first seconds are not
 counted. Each row splits its median at the window's produce() (the audio record's timestamp):
 before it the talker, the broker, the consumer and the step; after it the write, the broker and
-the listener (timestamps are whole ms). Each member row also reports the committed listener,
-the broker JVM's CPU seconds (utime + stime from /proc/<pid>/stat, only on the broker this
-script starts) and the bytes the logs of what it writes grew by (.log segment files of the
-audio, live, dead-letter and progress topics and of the internal transaction and offsets
-topics; the floor: its audio topic and the internal ones), both per second of audio. The last
-line:
+the listener (timestamps are whole ms). Each member row also reports the committed listener.
+Each row reports the CPU seconds (user + system) of this process (the member or the relay), of
+the processes it waited for (the talker and the listeners) and of the broker JVM (utime +
+stime from /proc/<pid>/stat, only on the broker this script starts), and the bytes the logs of
+what it writes grew by (.log segment files of the audio, live, dead-letter and progress topics
+and of the internal transaction and offsets topics; the floor: its audio topic and the
+internal ones), both per second of audio. The last line:
 
     speculative p50 <a> / p99 <b> ms, plain floor p50 <c> / p99 <d> ms at 100 streams:
     p50 <R>x, p99 <Q>x                                               (on one line)
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import resource
 import statistics
 import sys
 import threading
@@ -97,13 +99,15 @@ class Row:
     latencies: np.ndarray  # ms
     committed: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     audio_s: float = 0.0
-    cpu_s: float = float("nan")
+    cpu_s: float = float("nan")  # the broker JVM's
     log_bytes: int = 0
     live_first: float = float("nan")  # share of windows the speculative listener heard live
     # of each latency, the part before the window's produce() (its record's timestamp): the
     # talker, the broker, the consumer and the step; the rest is the write, the broker, the
     # listener
     to_write: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    cpu_here_s: float = float("nan")  # this process's: the member (its threads) or the relay
+    cpu_children_s: float = float("nan")  # the talker's and the listeners' processes
 
     def p(self, q: float, committed: bool = False) -> float:
         values = self.committed if committed else self.latencies
@@ -150,6 +154,7 @@ def member_row(broker: Broker, streams: int, seconds: float, live: bool) -> Row:
     time.sleep(3.0)  # the member joins its group before the talker starts
     mine = (topics.audio, topics.live, topics.dlq, topics.progress)  # what the member writes
     cpu, size = broker.cpu_s(), broker.log_bytes(INTERNAL)
+    here, children = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN)
     started = time.time()
     talker = multiprocessing.get_context("spawn").Process(
         target=_talk, args=(broker.bootstrap, topics.chunks, streams, seconds)
@@ -162,8 +167,10 @@ def member_row(broker: Broker, streams: int, seconds: float, live: bool) -> Row:
     size = broker.log_bytes(mine) + broker.log_bytes(INTERNAL) - size
     stop.set()
     thread.join(30)
+    here = _cpu_s(resource.RUSAGE_SELF) - here
     for probe in probes.values():
         probe.stop()
+    children = _cpu_s(resource.RUSAGE_CHILDREN) - children  # the talker and the listeners
     steady = (started + WARMUP_S) * 1000
 
     def latencies(probe: ListenerProbe) -> np.ndarray:
@@ -180,20 +187,39 @@ def member_row(broker: Broker, streams: int, seconds: float, live: bool) -> Row:
         size,
         speculative.live_first / windows if windows else float("nan"),
         np.asarray([w - p for p, w, _ in speculative.visible if p >= steady], dtype=np.float64),
+        here,
+        children,
     )
 
 
 def floor_row(broker: Broker, streams: int, seconds: float) -> Row:
     cpu, internal = broker.cpu_s(), broker.log_bytes(INTERNAL)
+    here, children = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN)
     before = broker.topics()
     hops = floor_hops(broker.bootstrap, streams, "plain", seconds, 0.1)
     cpu = broker.cpu_s() - cpu
+    here = _cpu_s(resource.RUSAGE_SELF) - here
+    children = _cpu_s(resource.RUSAGE_CHILDREN) - children  # the talker and the listener
     audio = tuple(t for t in broker.topics() - before if t.startswith("floor-audio-"))
     size = broker.log_bytes(audio) + broker.log_bytes(INTERNAL) - internal
     audio_s = _records(broker.bootstrap, audio) * WINDOW_S  # its warm-up seconds' too
     return Row(
-        "plain floor", hops[:, 0], audio_s=audio_s, cpu_s=cpu, log_bytes=size, to_write=hops[:, 1]
+        "plain floor",
+        hops[:, 0],
+        audio_s=audio_s,
+        cpu_s=cpu,
+        log_bytes=size,
+        to_write=hops[:, 1],
+        cpu_here_s=here,
+        cpu_children_s=children,
     )
+
+
+def _cpu_s(who: int) -> float:
+    """CPU seconds (user + system) of this process (RUSAGE_SELF: every thread) or of its
+    children waited for (RUSAGE_CHILDREN) so far."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _records(bootstrap: str, topics: tuple[str, ...]) -> int:
@@ -216,8 +242,8 @@ def _ms(value: float) -> str:
 def table(rows: list[Row]) -> str:
     lines = [
         "| row | windows | speculative p50 / p99 ms | of which to the write / after it, p50 ms "
-        "| committed p50 / p99 ms | heard live | broker CPU s per audio s "
-        "| log bytes per audio s |",
+        "| committed p50 / p99 ms | heard live | CPU s per audio s: member or relay "
+        "/ talker and listeners / broker | log bytes per audio s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
@@ -233,7 +259,8 @@ def table(rows: list[Row]) -> str:
             split = f"{_ms(before)} / {_ms(after)}"
         lines.append(
             f"| {row.kind} | {row.latencies.size} | {_ms(row.p(50))} / {_ms(row.p(99))} "
-            f"| {split} | {committed} | {live} | {row.cpu_s / per_s:.4f} "
+            f"| {split} | {committed} | {live} | {row.cpu_here_s / per_s:.4f} / "
+            f"{row.cpu_children_s / per_s:.4f} / {row.cpu_s / per_s:.4f} "
             f"| {row.log_bytes / per_s:,.0f} |"
         )
     return "\n".join(lines)
