@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -27,7 +27,6 @@ from confluent_kafka import (
 
 from codeclog.consumers.member.metrics import VocoderMetrics
 from codeclog.consumers.member.refusals import Refusals
-from codeclog.consumers.stream.pipeline import StepOutput
 from codeclog.kafka.calls import (
     KAFKA_LOG,
     ClusterUnavailableError,
@@ -36,6 +35,8 @@ from codeclog.kafka.calls import (
 )
 from codeclog.kafka.reader import input_record
 from codeclog.kafka.records import InputRecord
+
+Decoded = TypeVar("Decoded")  # what a step hands back from the decode thread
 
 
 class Hooks(Protocol):
@@ -177,10 +178,10 @@ class Intake:
 
     # -- decoding while polling -----------------------------------------------------------------
 
-    def decode(self, step: Callable[[], StepOutput]) -> StepOutput | None:
+    def decode(self, step: Callable[[], Decoded]) -> Decoded | None:
         """`step()` on a worker thread while this thread keeps polling (`_poll_while`). None
         when the assignment changed meanwhile (the step is void)."""
-        outcome: list[StepOutput | BaseException] = []
+        outcome: list[Decoded | BaseException] = []
 
         def run() -> None:
             try:

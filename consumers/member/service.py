@@ -31,7 +31,13 @@ from codeclog.consumers.member.recovery import Recovery, RecoverySource
 from codeclog.consumers.member.refusals import Refusals
 from codeclog.consumers.member.startup import cluster_facts
 from codeclog.consumers.member.transaction import CLOSE_ON_FAILURE_S, Transactions
-from codeclog.consumers.member.writes import StepWrites, audio_records, live_writes, step_writes
+from codeclog.consumers.member.writes import (
+    AudioRecord,
+    StepWrites,
+    audio_records,
+    live_writes,
+    step_writes,
+)
 from codeclog.consumers.stream.dead_letter import DEAD_LETTER_RAW_LIMIT
 from codeclog.consumers.stream.engine import EngineMismatchError, VocoderEngine
 from codeclog.consumers.stream.fold.report import strict_error_json
@@ -252,12 +258,12 @@ class VocoderService:
             return StepOutput()
 
     def _transaction(self, records: Sequence[InputRecord]) -> StepOutput:
-        """Decode the step (while earlier transactions are written), write its windows live at
-        once, then queue all it made for a transaction written in the background."""
+        """Decode the step (while earlier transactions are written) and write its windows live
+        at once, then queue all it made for a transaction written in the background."""
         started = time.perf_counter()
         positions = self.intake.positions()  # what this step consumed; before the next poll
-        out = self.intake.decode(lambda: self.pipeline.step(records))
-        if out is None:  # a rebalance happened meanwhile: the step is void, start over
+        decoded = self.intake.decode(lambda: self._decode_live(records))
+        if decoded is None:  # a rebalance happened meanwhile: the step is void, start over
             self._stats["void_steps"] += 1
             try:
                 self.transactions.await_commit()
@@ -269,8 +275,7 @@ class VocoderService:
             except (KafkaException, StuckCallError, ClusterUnavailableError) as exc:
                 self._rebuild_after(exc)  # retried until the outage limit, as any rebuild
             return StepOutput()
-        audio = audio_records(out)
-        self.live.write(live_writes(audio, self.topics))  # before any wait for a transaction
+        out, audio = decoded
         self.checkpoints.note_epoch_starts(out)
         checkpoints = self.checkpoints.checkpoints(self.pipeline, out, self._clock_ms())
         rows, progress = step_writes(out, audio, checkpoints, self.topics, self.config.group)
@@ -282,6 +287,17 @@ class VocoderService:
         for cause, count in out.evictions.items():
             self.metrics.evictions.labels(cause=cause).inc(count)
         return out
+
+    def _decode_live(self, records: Sequence[InputRecord]) -> tuple[StepOutput, list[AudioRecord]]:
+        """On the decode thread: the step, and its windows written live as soon as it returns,
+        not once the polling thread has seen it end (on a busy machine that thread may first
+        wait for a core). A step voided meanwhile by a rebalance has then gone out live too:
+        the same bytes as its re-decode, as a step whose transaction aborts
+        (docs/listening.md, "Two copies of every window")."""
+        out = self.pipeline.step(records)
+        audio = audio_records(out)
+        self.live.write(live_writes(audio, self.topics))  # before any wait for a transaction
+        return out, audio
 
     def _fold_gauges(self) -> None:
         """The fold state's size and the requests it remembers, at most every

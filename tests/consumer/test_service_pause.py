@@ -9,6 +9,7 @@ consumer; the real broker runs it in the end-to-end tests (test_vocode_kafka.py)
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from typing import Any
@@ -19,6 +20,7 @@ from confluent_kafka import TopicPartition
 from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.service import VocoderService
 from codeclog.consumers.stream.pipeline import StepOutput
+from codeclog.schemas.records import AudioChunk
 from codeclog.topics_config import TopicsConfig
 from tests.fake_kafka import FakeMessage
 
@@ -208,3 +210,59 @@ def test_rebalance_callbacks_served_by_close_neither_raise_nor_rebuild() -> None
     assert pipeline.events == ["drop 1"]
     assert asked == [] and service._assign_failed is None
     assert service.intake.consumer is None
+
+
+class AudioPipeline(SlowPipeline):
+    """A step that makes one window, and what the member asks of the pipeline after it."""
+
+    def step(self, records: Any) -> StepOutput:
+        super().step(records)
+        pcm = b"\1\0" * 48
+        window = AudioChunk(
+            request_id="r1",
+            cache_epoch=0,
+            chunk_seqs=(0,),
+            window_index=0,
+            sample_offset=0,
+            sample_rate_hz=24000,
+            pcm_s16le=pcm,
+            sha256=hashlib.sha256(pcm).hexdigest(),
+            final=False,
+            determinism_domain="d",
+        )
+        return StepOutput(records=len(records), audio=[window])
+
+    def open_streams(self) -> int:
+        return 1
+
+    def fold_state_bytes(self) -> int:
+        return 0
+
+    def remembered_requests(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("void", [False, True])
+def test_a_steps_windows_go_out_live_from_the_decode_thread_as_it_ends(void: bool) -> None:
+    """The live copy is written by the thread that decoded the step, as soon as the step
+    returns: not once the polling thread has noticed the end (on a busy machine that thread
+    first waits for a core: issue 42's median). A step voided by a rebalance meanwhile has
+    gone out live too, as a step whose transaction aborts: its re-decode is the same bytes."""
+    consumer = FakeConsumer([0])
+    service = _service(AudioPipeline(0.05), consumer)
+    live: list[tuple[str, list[str]]] = []
+    service.live.write = lambda writes: live.append(
+        (threading.current_thread().name, [w.topic for w in writes])
+    )
+    service.intake.positions = lambda: []
+    service.intake.group_metadata = lambda: None
+    queued: list[Any] = []
+    service.transactions.write_step = lambda step, on_committed: queued.append(step)
+    if void:
+        consumer.on_poll = service.intake._join_decode  # a rebalance callback during the step
+        service.intake.committed = lambda partitions: []
+        service.intake.seek_to = lambda positions: None
+        service.transactions.await_commit = lambda: None
+    service._transaction(["a"])
+    assert live == [("codeclog-decode", [service.topics.live])]
+    assert len(queued) == (0 if void else 1)
