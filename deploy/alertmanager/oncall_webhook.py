@@ -16,11 +16,13 @@ import argparse
 import contextlib
 import json
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 MAX_BODY = 1 << 20  # Alertmanager batches alerts; a megabyte is far more than one notification
+_PRINTING = threading.Lock()
 
 
 def summary(path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -46,6 +48,15 @@ def summary(path: str, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def emit(line: str) -> None:
+    """`line` on stdout, whole and alone on its line. Each notification is served on a thread
+    of its own, and print() writes the text and its newline apart, so two notifications at the
+    same moment came out as one line holding both (an end-to-end test's reader saw it)."""
+    with _PRINTING:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
 class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -60,7 +71,7 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             self.send_error(400, "the body is not a JSON object")
             return
-        print(json.dumps(summary(self.path, body), sort_keys=True), flush=True)
+        emit(json.dumps(summary(self.path, body), sort_keys=True))
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()

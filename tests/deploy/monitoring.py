@@ -194,8 +194,9 @@ def start_oncall(running: Processes) -> int:
 
 
 def pages(running: Processes) -> list[dict[str, Any]]:
-    """The notifications the on-call receiver printed so far (one JSON object per line)."""
-    lines = running.output("oncall", "out").splitlines()
+    """The notifications the on-call receiver printed so far (one JSON object per line; a last
+    line still being written, with no newline yet, waits for the next look)."""
+    lines = running.output("oncall", "out").split("\n")[:-1]
     return [json.loads(line) for line in lines if line.startswith("{")]
 
 

@@ -6,9 +6,12 @@ tests/deploy/test_alerting_end_to_end.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -23,6 +26,7 @@ from tests.deploy.monitoring import DEPLOY, ROOT, processes, start_oncall
 AMTOOL = shutil.which("amtool")
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 ALERTMANAGER_YML = DEPLOY / "alertmanager" / "alertmanager.yml"
+ONCALL = DEPLOY / "alertmanager" / "oncall_webhook.py"
 
 
 def webhook_urls() -> Iterator[urllib.parse.SplitResult]:
@@ -102,3 +106,52 @@ def _post(url: str, data: bytes) -> int:
             return int(answer.status)
     except urllib.error.HTTPError as error:
         return int(error.code)
+
+
+class _SlowOut:
+    """A stdout whose every write yields the processor for a moment: what print() writes in two
+    parts (the text, then the newline) interleaves with another thread's if nothing stops it."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, part: str) -> int:
+        time.sleep(0.01)
+        self.text += part
+        return len(part)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_notifications_at_the_same_moment_print_one_whole_line_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Alertmanager sends one notification per alert group (alertname, group), so a stopped
+    vocoder's two pages (and its warnings) arrive at the same moment, each served on its own
+    thread. With print(), two came out on one line (the end-to-end alerting test read
+    `{...}{...}` and failed, twice in four full runs)."""
+    spec = importlib.util.spec_from_file_location("oncall_webhook", ONCALL)
+    assert spec is not None and spec.loader is not None
+    webhook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(webhook)
+    out = _SlowOut()
+    monkeypatch.setattr(webhook.sys, "stdout", out)
+    server = webhook.ThreadingHTTPServer(("127.0.0.1", 0), webhook.Handler)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        body = json.dumps({"receiver": "oncall", "status": "firing", "alerts": []}).encode()
+        posts = [threading.Thread(target=_post, args=(f"{url}/route-{n}", body)) for n in range(8)]
+        for post in posts:
+            post.start()
+        for post in posts:
+            post.join(30)
+    finally:
+        server.shutdown()
+        server.server_close()
+    lines = out.text.split("\n")
+    assert lines[-1] == ""  # every line ends
+    paths = sorted(json.loads(line)["path"] for line in lines[:-1])
+    assert paths == sorted(f"/route-{n}" for n in range(8))
