@@ -151,6 +151,13 @@ class Assembler:
         """Every stream's report: the ended ones (the newest `max_ended`), then the open ones."""
         return [*self._finished, *(s.report for s in self._open.values())]
 
+    def waiting_on_older_epochs(self) -> dict[str, int]:
+        """Request -> its open epoch, for the requests whose newer epoch's live copies wait for
+        that epoch to end (`_hold_successor`: held, the newest beyond `max_pending` set aside);
+        after a barge-in it ends when the newer epoch's first committed copy comes
+        (docs/listening.md)."""
+        return {rid: stream.epoch for rid, stream in self._open.items() if stream.successors}
+
     def ended(self, request_id: str) -> StreamReport | None:
         stream = self._open.get(request_id) or self._ended.get(request_id)
         return stream.report if stream is not None and stream.ended else None

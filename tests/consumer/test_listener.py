@@ -115,6 +115,7 @@ def test_a_newer_epochs_live_copy_waits_until_committed_copies_close_the_older_o
     a = Assembler()
     out = a.offer(chunk("r", 0, epoch=0), 1.0, committed=False)
     out += a.offer(chunk("r", 0, epoch=1), 1.1, committed=False)  # held: epoch 0 is open
+    assert a.waiting_on_older_epochs() == {"r": 0}
     out += a.offer(chunk("r", 0, epoch=0), 1.2, committed=True)  # confirms window 0
     out += a.offer(chunk("r", 1, epoch=0), 1.3, committed=True)  # its live copy was lost
     assert audio(out) == [("r", 0, 0), ("r", 0, 1)] and a.stats.confirmed == 2
@@ -123,6 +124,7 @@ def test_a_newer_epochs_live_copy_waits_until_committed_copies_close_the_older_o
         (0, 2, "superseded", False),
         (1, 0, None, True),
     ]
+    assert a.waiting_on_older_epochs() == {}
     assert not out[-1].committed  # the live copy played, its committed copy confirmed it
     assert a.stats.confirmed == 3 and a.stats.stale == 0 and a.stats.duplicates == 0
 

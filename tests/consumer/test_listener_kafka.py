@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from codeclog.consumers.member.metrics import VocoderMetrics
@@ -35,6 +35,23 @@ pytestmark = [pytest.mark.kafka]
 Key = tuple[str, int, int]
 
 
+def _keys(delivered: list[ListenerChunk]) -> set[Key]:
+    """The windows played (not the ends of streams)."""
+    return {(c.request_id, c.cache_epoch, c.window_index) for c in delivered if c.pcm}
+
+
+def _live_only(delivered: list[ListenerChunk]) -> set[Key]:
+    """The windows played from their live copies."""
+    return _keys([c for c in delivered if not c.committed])
+
+
+def _playable(windows: set[Key], waiting: dict[str, int]) -> set[Key]:
+    """The windows a speculative listener plays from their live copies alone: not those of a
+    newer epoch than one it holds open (after a barge-in they wait for their committed copies,
+    docs/listening.md; `Assembler.waiting_on_older_epochs`)."""
+    return {(r, e, i) for r, e, i in windows if e <= waiting.get(r, e)}
+
+
 class Follower(threading.Thread):
     """Runs a listener in the background, keeping every delivery, until told to catch up.
     Only this thread touches the listener (position() from another thread while this one is
@@ -46,12 +63,14 @@ class Follower(threading.Thread):
         self.delivered: list[ListenerChunk] = []
         self.finish = threading.Event()
         self.error: BaseException | None = None
+        self.waiting: dict[str, int] = {}  # the assembler's waiting_on_older_epochs(), each poll
         listener.start()
 
     def run(self) -> None:
         try:
             while True:
                 self.delivered += self.listener.poll(0.1)
+                self.waiting = self.listener.assembler.waiting_on_older_epochs()
                 if self.finish.is_set() and self.listener.caught_up():
                     self.delivered += self.listener.poll(0.5)  # what was fetched meanwhile
                     if self.listener.caught_up():
@@ -118,11 +137,15 @@ class Budget:
 
     def wait(self, what: str, condition: Callable[[], bool], process: Any = None) -> None:
         while not condition():
-            if process is not None and process.poll() is not None:
-                raise AssertionError(f"exited ({process.returncode}) before {what}")
-            if time.monotonic() > self.deadline:
-                raise AssertionError(f"budget spent waiting for {what}:\n{self.stack.logs()}")
+            self.check(what, process)
             time.sleep(0.05)
+
+    def check(self, what: str, process: Any = None) -> None:
+        """Fails if `process` has exited or the budget is spent."""
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"exited ({process.returncode}) before {what}")
+        if time.monotonic() > self.deadline:
+            raise AssertionError(f"budget spent waiting for {what}:\n{self.stack.logs()}")
 
     def left(self) -> float:
         return max(self.deadline - time.monotonic(), 1.0)
@@ -140,20 +163,20 @@ def _open_audio_transaction(stack: Any, admin: AdminClient) -> bool:
 
 @pytest.mark.vocoder
 @pytest.mark.slow
-# Long: 86-109 s, and on an idle machine its catch of an open transaction races a fast consumer
-# (it failed once in CI runs with a batch published at once); the quick run keeps the abort and
-# the fence below, deterministic
+# Long: 64-67 s on a quiet machine; the quick run keeps the abort and the fence below
 # (test_a_live_copy_of_an_aborted_transaction_plays_once_and_the_commit_confirms_it,
 # test_a_member_fenced_after_its_audio_went_out_live_is_replaced_by_the_same_bytes).
 @pytest.mark.long
-@pytest.mark.timeout(480)  # 83 s on a quiet machine; the budget below leaves room for a loaded one
+@pytest.mark.timeout(480)  # the budget below leaves room for a loaded machine
 def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     stack: Any, tiny_engine: Any
 ) -> None:
     """Two SIGKILLs of the consumer: one at a random point after its recovery, one frozen
-    (SIGSTOP) inside an open audio transaction once the speculative listener has played the
-    live copies of windows the committed copy does not hold yet, so that listener certainly
-    played windows of a transaction that then aborted. Both listeners then hold every window of
+    (SIGSTOP) as its live copies appear, before their step commits (inside its open audio
+    transaction, or before it began), once the speculative listener has played the live copies
+    of windows the committed copy does not hold yet (all but a barge-in's new epoch, which waits
+    for its committed copy), so that listener certainly played windows of a step that then
+    never committed. Both listeners then hold every window of
     verify's replay exactly once, with its bytes, and every window the speculative one played
     is confirmed by its committed copy."""
     speculative = Follower(_listener(stack, Isolation.SPECULATIVE))
@@ -179,27 +202,53 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     # Fresh work for the freeze below, spoken in real time so that steps (and their open
     # transactions) keep coming while the loop below tries to catch one: a batch published at
     # once is decoded in a few fast steps on an idle machine, and the member then idles out.
-    live = LiveTalker(stack, sessions=6, seconds=20, seed=22)
-    while True:  # freeze it inside an open transaction (its commit may win the race)
-        budget.wait("an open audio transaction", lambda: _open_audio_transaction(stack, admin),
-                    second)  # fmt: skip
-        second.send_signal(signal.SIGSTOP)
-        time.sleep(0.5)  # a commit already sent lands now: then this is not open work
-        if _open_audio_transaction(stack, admin):
-            break
-        second.send_signal(signal.SIGCONT)
-    budget.mark("second consumer frozen inside an open transaction")
-    uncommitted = windows_on(stack, stack.topics.live) - windows_on(stack, stack.topics.audio)
-    assert uncommitted, "no live copy ahead of the committed audio"
+    live = LiveTalker(stack, sessions=6, seconds=12, seed=22)
 
     def heard() -> set[Key]:
-        return {(c.request_id, c.cache_epoch, c.window_index) for c in speculative.delivered}
+        return _keys(speculative.delivered)
 
-    budget.wait("the speculative listener playing the live copies",
-                lambda: uncommitted <= heard())  # fmt: skip
+    def played(windows: set[Key]) -> Callable[[], bool]:
+        return lambda: _playable(windows, speculative.waiting) <= heard()
+
+    # Freeze it as a new live copy appears, so that it stops after some of its windows went out
+    # live and before their step committed: inside the step's open transaction, or before it
+    # began (at a random moment the odds are a few percent: on an idle machine a step commits
+    # within ms of its live copies). The member then dies, so that step never commits: the final
+    # member decodes it again.
+    watch = Consumer({**stack.client, "group.id": "watch", "fetch.wait.max.ms": 5})
+    watch.assign([TopicPartition(stack.topics.live, p, OFFSET_END)
+                  for p in range(stack.topics.partitions)])  # fmt: skip
+    tries = 0
+    while True:
+        budget.check("live copies ahead of the committed audio", second)
+        if not [m for m in watch.consume(1, 0.1) if m.error() is None]:
+            continue
+        second.send_signal(signal.SIGSTOP)
+        tries += 1
+        time.sleep(0.5)  # a commit already sent lands now: then this is not open work
+        in_transaction = _open_audio_transaction(stack, admin)
+        if _live_only(speculative.delivered) - _keys(committed.delivered):  # cheap: worth a look
+            live_copies = windows_on(stack, stack.topics.live)
+            uncommitted = live_copies - windows_on(stack, stack.topics.audio)
+            try:
+                budget.wait("the speculative listener playing the live copies", played(uncommitted))
+            except AssertionError as exc:
+                missing = sorted(_playable(uncommitted, speculative.waiting) - heard())
+                held = speculative.waiting
+                stats = speculative.listener.stats
+                raise AssertionError(
+                    f"{exc}\nnot played: {missing[:8]}; waiting on older epochs: {held}; {stats}"
+                ) from None
+            if uncommitted & heard():  # else all of a barge-in's new epoch: they wait, try again
+                break
+        watch.consume(10_000, 0)  # what came meanwhile
+        second.send_signal(signal.SIGCONT)
+    watch.close()
+    where = "inside an open transaction" if in_transaction else "before its step's transaction"
+    budget.mark(f"second consumer frozen {where} ({tries} tries), its live copies played")
     second.send_signal(signal.SIGKILL)
     second.wait()
-    budget.mark("second consumer killed inside an open transaction")
+    budget.mark("second consumer killed")
     live.join(budget.left())
     assert live.delivered_everything, stack.logs()
     final = stack.vocode("k", "--max-records", "8", idle_s=4)
