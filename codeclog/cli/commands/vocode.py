@@ -168,7 +168,9 @@ def _refused(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from codeclog.cli.stop_signals import install_stop_handlers
+    from codeclog.malloc_arenas import cap_arenas
 
+    cap_arenas()  # first, while this is the only thread (docs/operating.md, "Memory and bounds")
     stop = threading.Event()
     install_stop_handlers(stop)  # before the (slow) model load: SIGTERM then exits cleanly
     logging.basicConfig(

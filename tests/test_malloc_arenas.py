@@ -1,0 +1,49 @@
+"""The member's malloc arena cap: with it, threads that allocate at the same time share at most
+two arenas; without it, glibc gives each its own (what held a member's freed memory)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+# Eight threads alive at once, each allocating blocks above pymalloc's size (malloc itself);
+# malloc_stats() then prints one "Arena N:" paragraph per arena to stderr.
+PROGRAM = """
+import ctypes, sys, threading
+from codeclog.malloc_arenas import cap_arenas
+if sys.argv[1] == "cap":
+    assert cap_arenas(2)
+barrier = threading.Barrier(8)
+def work():
+    blocks = [bytearray(4096 + n) for n in range(200)]
+    barrier.wait()
+    del blocks
+threads = [threading.Thread(target=work) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+ctypes.CDLL(None).malloc_stats()
+"""
+
+
+def _arenas(mode: str, env: dict[str, str] | None = None) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM, mode], capture_output=True, text=True, env=env, check=True
+    )
+    return sum(line.startswith("Arena ") for line in done.stderr.splitlines())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_threads_that_allocate_at_once_share_two_arenas_once_capped() -> None:
+    assert _arenas("free") > 2  # glibc: an arena per thread, up to 8 per core
+    assert _arenas("cap") <= 2
+
+
+def test_an_operators_malloc_arena_max_stands(monkeypatch: pytest.MonkeyPatch) -> None:
+    from codeclog.malloc_arenas import cap_arenas
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert cap_arenas() is False
