@@ -176,9 +176,9 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     transaction, or before it began), once the speculative listener has played the live copies
     of windows the committed copy does not hold yet (all but a barge-in's new epoch, which waits
     for its committed copy), so that listener certainly played windows of a step that then
-    never committed. Both listeners then hold every window of
-    verify's replay exactly once, with its bytes, and every window the speculative one played
-    is confirmed by its committed copy."""
+    never committed. Both listeners then hold every window of verify's replay exactly once,
+    with its bytes, and every window the speculative one played is confirmed by its committed
+    copy."""
     speculative = Follower(_listener(stack, Isolation.SPECULATIVE))
     committed = Follower(_listener(stack, Isolation.COMMITTED))
     speculative.start()
