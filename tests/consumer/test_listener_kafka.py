@@ -219,31 +219,35 @@ def test_listeners_through_sigkills_get_every_window_once_equal_to_the_replay(
     watch.assign([TopicPartition(stack.topics.live, p, OFFSET_END)
                   for p in range(stack.topics.partitions)])  # fmt: skip
     tries = 0
-    while True:
-        budget.check("live copies ahead of the committed audio", second)
-        if not [m for m in watch.consume(1, 0.1) if m.error() is None]:
-            continue
-        second.send_signal(signal.SIGSTOP)
-        tries += 1
-        time.sleep(0.5)  # a commit already sent lands now: then this is not open work
-        in_transaction = _open_audio_transaction(stack, admin)
-        if _live_only(speculative.delivered) - _keys(committed.delivered):  # cheap: worth a look
-            live_copies = windows_on(stack, stack.topics.live)
-            uncommitted = live_copies - windows_on(stack, stack.topics.audio)
-            try:
-                budget.wait("the speculative listener playing the live copies", played(uncommitted))
-            except AssertionError as exc:
-                missing = sorted(_playable(uncommitted, speculative.waiting) - heard())
-                held = speculative.waiting
-                stats = speculative.listener.stats
-                raise AssertionError(
-                    f"{exc}\nnot played: {missing[:8]}; waiting on older epochs: {held}; {stats}"
-                ) from None
-            if uncommitted & heard():  # else all of a barge-in's new epoch: they wait, try again
-                break
-        watch.consume(10_000, 0)  # what came meanwhile
-        second.send_signal(signal.SIGCONT)
-    watch.close()
+    try:
+        while True:
+            budget.check("live copies ahead of the committed audio", second)
+            if not [m for m in watch.consume(1, 0.1) if m.error() is None]:
+                continue
+            second.send_signal(signal.SIGSTOP)
+            tries += 1
+            time.sleep(0.5)  # a commit already sent lands now: then this is not open work
+            if _live_only(speculative.delivered) - _keys(committed.delivered):  # worth a look
+                in_transaction = _open_audio_transaction(stack, admin)
+                live_copies = windows_on(stack, stack.topics.live)
+                uncommitted = live_copies - windows_on(stack, stack.topics.audio)
+                try:
+                    budget.wait("the speculative listener playing the live copies",
+                                played(uncommitted))  # fmt: skip
+                except AssertionError as exc:
+                    missing = sorted(_playable(uncommitted, speculative.waiting) - heard())
+                    held = speculative.waiting
+                    stats = speculative.listener.stats
+                    raise AssertionError(
+                        f"{exc}\nnot played: {missing[:8]}; waiting on older epochs: {held}; "
+                        f"{stats}"
+                    ) from None
+                if uncommitted & heard():  # else all of a barge-in's new epoch: try again
+                    break
+            watch.consume(10_000, 0)  # what came meanwhile
+            second.send_signal(signal.SIGCONT)
+    finally:
+        watch.close()
     where = "inside an open transaction" if in_transaction else "before its step's transaction"
     budget.mark(f"second consumer frozen {where} ({tries} tries), its live copies played")
     second.send_signal(signal.SIGKILL)
