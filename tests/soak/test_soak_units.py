@@ -46,6 +46,7 @@ from codeclog.devtools.soak_verdict import (
     lag_creeps,
     process_table,
     quarter_p99,
+    restart_warmup_s,
     slope,
     time_table,
     verdict,
@@ -284,6 +285,40 @@ def test_a_process_restarted_in_the_half_is_fitted_after_its_own_warm_up() -> No
     assert found.percent == pytest.approx(0.0) and found.samples == 4
     assert found.note == "restarted at 12.0 min"
     assert verdict(Correctness(), growths(rows, 1200.0), [])[0] == OK
+
+
+# soak run 6 (seed 29): node 3's open fds, minute by minute, from the rolling restart at 28 min
+# to the end of the hour; before it, another process at about 180
+RUN_6_NODE_3_FDS = [154, 150, 150, 152, 152, 173, 169, 174, 176, 176, 188, 184, 184, 186, 186, 187]
+RUN_6_NODE_3_FDS += [186, 189, 191, 188, 184, 190, 190, 194, 192, 195, 192, 188, 189, 190, 188]
+RUN_6_NODE_3_FDS += [185, 185]
+
+
+def node_rows(after_restart: list[float]) -> list[Sample]:
+    """A node at 180 fds for 28 minutes, restarted, then `after_restart` minute by minute."""
+
+    def fds(minute: int) -> ProcessSample:
+        if minute < 28:
+            return ProcessSample(100, int(700e6), 180, 105)
+        return ProcessSample(200, int(700e6), int(after_restart[minute - 28]), 105)
+
+    return [Sample(60.0 * m, {"node-3": fds(m)}, {}) for m in range(28 + len(after_restart))]
+
+
+def test_a_restarted_node_is_fitted_once_its_connections_are_back() -> None:
+    """Run 6: a node's fds came back in steps for 10 minutes after its restart (its clients
+    reconnecting as its leaderships returned), then held where they stood before; fitted
+    from 5 minutes after the restart that read +8.2 %, a DRIFT. A node is fitted from 10
+    minutes after its restart; a member still from 5; a node that leaks after its warm-up
+    is still a drift."""
+    assert restart_warmup_s("node-3") == 600.0 and restart_warmup_s("member-a") == 300.0
+    rows = node_rows([float(v) for v in RUN_6_NODE_3_FDS])
+    fds = next(g for g in growths(rows, 3600.0) if g.metric == "fds")
+    assert fds.percent is not None and fds.percent < 5 and fds.samples == 23
+    assert verdict(Correctness(), growths(rows, 3600.0), [1.0, 1.0, 1.0, 1.0])[0] == OK
+    leaking = node_rows([150.0 + m for m in range(33)])
+    fds = next(g for g in growths(leaking, 3600.0) if g.metric == "fds")
+    assert fds.percent is not None and fds.percent > 5 and fds.drifts
 
 
 def test_a_working_set_that_fills_by_design_is_fitted_once_full() -> None:
