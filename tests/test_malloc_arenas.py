@@ -15,6 +15,9 @@ import ctypes, sys, threading
 from codeclog.malloc_arenas import cap_arenas
 if sys.argv[1] == "cap":
     assert cap_arenas(2)
+if sys.argv[1] == "vocode":  # the member's own start: it caps, then refuses the empty group
+    from codeclog.cli import main
+    assert main(["vocode", "--group", " "]) == 2
 barrier = threading.Barrier(8)
 def work():
     blocks = [bytearray(4096 + n) for n in range(200)]
@@ -40,6 +43,13 @@ def _arenas(mode: str, env: dict[str, str] | None = None) -> int:
 def test_threads_that_allocate_at_once_share_two_arenas_once_capped() -> None:
     assert _arenas("free") > 2  # glibc: an arena per thread, up to 8 per core
     assert _arenas("cap") <= 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_vocode_process_caps_its_arenas_as_it_starts() -> None:
+    """`codeclog vocode` sets the cap first in `run()`, before its options are checked: a
+    process that went through it shares two arenas among eight allocating threads."""
+    assert _arenas("vocode") <= 2
 
 
 def test_an_operators_malloc_arena_max_stands(monkeypatch: pytest.MonkeyPatch) -> None:
