@@ -32,6 +32,7 @@ pairs of each pair's ratio (member / floor). /proc/loadavg is printed before and
 
     python -m bench.bench_speculative                       # 100 streams, 3 pairs, 15 s rows
     python -m bench.bench_speculative --no-live --pairs 1   # the member without live copies
+    python -m bench.bench_speculative --no-committed        # without the committed listener
 """
 
 from __future__ import annotations
@@ -123,8 +124,11 @@ def _talk(bootstrap: str, topic: str, streams: int, seconds: float) -> None:
     voice.close(30)
 
 
-def member_row(broker: Broker, streams: int, seconds: float, live: bool) -> Row:
-    """The service with the instant engine, the talker and two listeners in processes."""
+def member_row(
+    broker: Broker, streams: int, seconds: float, live: bool, committed: bool = True
+) -> Row:
+    """The service with the instant engine, the talker and two listeners in processes (without
+    the committed one when not `committed`)."""
     import multiprocessing
 
     from codeclog.consumers.member.service import VocodeConfig, VocoderService
@@ -150,7 +154,8 @@ def member_row(broker: Broker, streams: int, seconds: float, live: bool) -> Row:
     service = VocoderService(client, topics, config, InstantEngine(), stop_event=stop)
     thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
-    probes = {i: ListenerProbe(broker.bootstrap, topics.audio, i) for i in Isolation}
+    kinds = [i for i in Isolation if committed or i is not Isolation.COMMITTED]
+    probes = {i: ListenerProbe(broker.bootstrap, topics.audio, i) for i in kinds}
     time.sleep(3.0)  # the member joins its group before the talker starts
     mine = (topics.audio, topics.live, topics.dlq, topics.progress)  # what the member writes
     cpu, size = broker.cpu_s(), broker.log_bytes(INTERNAL)
@@ -181,7 +186,7 @@ def member_row(broker: Broker, streams: int, seconds: float, live: bool) -> Row:
     return Row(
         "member" if live else "member, no live copies",
         latencies(speculative),
-        latencies(probes[Isolation.COMMITTED]),
+        latencies(probes[Isolation.COMMITTED]) if committed else np.zeros(0),
         speculative.samples / SAMPLE_RATE_HZ,
         cpu,
         size,
@@ -299,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
         "--no-live", action="store_true", help="the member writes no live copies (cost: before)"
     )
     parser.add_argument(
+        "--no-committed",
+        action="store_true",
+        help="the member row without the committed listener's process (what it costs the rest)",
+    )
+    parser.add_argument(
         "--switch-interval-ms",
         type=float,
         help="sys.setswitchinterval in this process (the member's and the relay's; default 5)",
@@ -310,12 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     with local_cluster(args.bootstrap) as found:
         broker = Broker(found)
         floor_row(broker, args.streams, args.warm_s)
-        member_row(broker, args.streams, args.warm_s, not args.no_live)
+        member_row(broker, args.streams, args.warm_s, not args.no_live, not args.no_committed)
         pairs: list[tuple[Row, Row]] = []
         for n in range(args.pairs):
             print(f"pair {n + 1} of {args.pairs} ...", file=sys.stderr, flush=True)
             floor = floor_row(broker, args.streams, args.seconds)
-            member = member_row(broker, args.streams, args.seconds, not args.no_live)
+            member = member_row(
+                broker, args.streams, args.seconds, not args.no_live, not args.no_committed
+            )
             pairs.append((floor, member))
     print(f"load after: {_load()}")
     print(table([row for pair in pairs for row in pair]))
