@@ -3,10 +3,13 @@ two arenas; without it, glibc gives each its own (what held a member's freed mem
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
+
+from codeclog.malloc_arenas import ENV_ARENA_MAX
 
 # Eight threads alive at once, each allocating blocks above pymalloc's size (malloc itself);
 # malloc_stats() then prints one "Arena N:" paragraph per arena to stderr.
@@ -32,7 +35,10 @@ ctypes.CDLL(None).malloc_stats()
 """
 
 
-def _arenas(mode: str, env: dict[str, str] | None = None) -> int:
+def _arenas(mode: str) -> int:
+    """Arenas of a child running PROGRAM in `mode`, without an operator's MALLOC_ARENA_MAX (it
+    would stand instead of the cap, and cap the uncapped run too)."""
+    env = {name: value for name, value in os.environ.items() if name != ENV_ARENA_MAX}
     done = subprocess.run(
         [sys.executable, "-c", PROGRAM, mode], capture_output=True, text=True, env=env, check=True
     )
@@ -55,5 +61,5 @@ def test_a_vocode_process_caps_its_arenas_as_it_starts() -> None:
 def test_an_operators_malloc_arena_max_stands(monkeypatch: pytest.MonkeyPatch) -> None:
     from codeclog.malloc_arenas import cap_arenas
 
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    monkeypatch.setenv(ENV_ARENA_MAX, "4")
     assert cap_arenas() is False
