@@ -46,6 +46,14 @@ def chunks() -> dict[str, list[CodecChunk]]:
     return out
 
 
+def _write_progress(out: Path, sent: int) -> None:
+    """Replaces `sent.progress` whole: the test polls it, and a file truncated then written
+    reads empty in between (CI read 0 with 420 chunks sent)."""
+    partial = out / "sent.progress.partial"
+    partial.write_text(str(sent))
+    partial.replace(out / "sent.progress")
+
+
 def _sender(bootstrap: str, topic: str, out: Path) -> None:
     connector = CodeclogKafkaConnector(
         {
@@ -67,7 +75,7 @@ def _sender(bootstrap: str, topic: str, out: Path) -> None:
             if not ok:
                 raise SystemExit(f"put {rid} {index} failed: {connector.health()['last_error']}")
             sent += 1
-            (out / "sent.progress").write_text(str(sent))
+            _write_progress(out, sent)
     connector.close()
     (out / "sent.done").write_text(json.dumps(connector.health()))
 

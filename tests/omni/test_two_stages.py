@@ -67,10 +67,12 @@ def test_two_processes_exchange_1000_chunks_across_a_broker_restart(
         receiver = _spawn("receiver", bootstrap, topic, tmp_path)
         sender = _spawn("sender", bootstrap, topic, tmp_path)
         deadline = time.monotonic() + 120
-        while _sent(tmp_path) < 400 and time.monotonic() < deadline:
+        sent = _sent(tmp_path)
+        while sent < 400 and time.monotonic() < deadline:
             assert sender.poll() is None, "the sender died before the restart"
             time.sleep(0.05)
-        assert _sent(tmp_path) >= 400
+            sent = _sent(tmp_path)
+        assert sent >= 400
         assert broker.stop().was_running
         time.sleep(1.0)  # puts block for their acks meanwhile
         assert broker.start().bootstrap == bootstrap  # same ports: the clients reconnect
