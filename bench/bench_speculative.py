@@ -12,6 +12,14 @@ Rows of two kinds take turns, `--pairs` times (floor, member, floor, member, ...
   (`codeclog talk`'s) in its own process; a speculative and a committed `AudioListener`, each in
   its own process.
 
+Both rows' talkers send their streams' records spread over time: the floor's talker writes each
+millisecond what is due; the member row's synthetic talker runs each session on its own frame
+clock (`Speech(phased=True)`: session i of n steps i/n of a frame after the 40 ms grid). With
+`--aligned-talker` every session steps at the same instant each frame (one talker replica
+batching its sessions): the member row then gets its records in bursts of about six every 40
+ms, which the floor's talker never sends, and each record of a burst waits behind the others
+at every hop (BENCHMARKS.md, issue 42, run L).
+
 Latency = produced_at of the chunk that completes a window (its newest chunk) -> the moment the
 listener's consume() returned the window's first copy; chunks of a row's first seconds are not
 counted. Each row splits its median at the window's produce() (the audio record's timestamp):
@@ -33,6 +41,7 @@ pairs of each pair's ratio (member / floor). /proc/loadavg is printed before and
     python -m bench.bench_speculative                       # 100 streams, 3 pairs, 15 s rows
     python -m bench.bench_speculative --no-live --pairs 1   # the member without live copies
     python -m bench.bench_speculative --no-committed        # without the committed listener
+    python -m bench.bench_speculative --aligned-talker      # sessions step together each frame
 """
 
 from __future__ import annotations
@@ -115,20 +124,27 @@ class Row:
         return float(np.percentile(values, q)) if values.size else float("nan")
 
 
-def _talk(bootstrap: str, topic: str, streams: int, seconds: float) -> None:
+@dataclasses.dataclass(frozen=True)
+class MemberShape:
+    """What a member row runs: live copies, the committed listener, a phased talker."""
+
+    live: bool = True
+    committed: bool = True
+    phased: bool = True
+
+
+def _talk(bootstrap: str, topic: str, streams: int, seconds: float, phased: bool) -> None:
     from codeclog.devtools.talker import Speech, Voice
     from codeclog.producers.publisher import PublisherConfig
 
     voice = Voice({"bootstrap.servers": bootstrap}, PublisherConfig(topic=topic, producer_id="b"))
-    voice.speak(Speech(sessions=streams, seconds=seconds, seed=1), realtime=True)
+    voice.speak(Speech(sessions=streams, seconds=seconds, seed=1, phased=phased), realtime=True)
     voice.close(30)
 
 
-def member_row(
-    broker: Broker, streams: int, seconds: float, live: bool, committed: bool = True
-) -> Row:
+def member_row(broker: Broker, streams: int, seconds: float, shape: MemberShape) -> Row:
     """The service with the instant engine, the talker and two listeners in processes (without
-    the committed one when not `committed`)."""
+    the committed one when not `shape.committed`)."""
     import multiprocessing
 
     from codeclog.consumers.member.service import VocodeConfig, VocoderService
@@ -149,12 +165,16 @@ def member_row(
     ensure_topics(client, topics)
     stop = threading.Event()
     config = VocodeConfig(
-        group=f"spec-{run}", instance_id="bench", max_records=128, max_batch=128, live_audio=live
+        group=f"spec-{run}",
+        instance_id="bench",
+        max_records=128,
+        max_batch=128,
+        live_audio=shape.live,
     )
     service = VocoderService(client, topics, config, InstantEngine(), stop_event=stop)
     thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
-    kinds = [i for i in Isolation if committed or i is not Isolation.COMMITTED]
+    kinds = [i for i in Isolation if shape.committed or i is not Isolation.COMMITTED]
     probes = {i: ListenerProbe(broker.bootstrap, topics.audio, i) for i in kinds}
     time.sleep(3.0)  # the member joins its group before the talker starts
     mine = (topics.audio, topics.live, topics.dlq, topics.progress)  # what the member writes
@@ -162,7 +182,7 @@ def member_row(
     here, children = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN)
     started = time.time()
     talker = multiprocessing.get_context("spawn").Process(
-        target=_talk, args=(broker.bootstrap, topics.chunks, streams, seconds)
+        target=_talk, args=(broker.bootstrap, topics.chunks, streams, seconds, shape.phased)
     )
     talker.start()
     talker.join(seconds + 120)
@@ -184,9 +204,9 @@ def member_row(
     speculative = probes[Isolation.SPECULATIVE]
     windows = len(speculative.visible)
     return Row(
-        "member" if live else "member, no live copies",
+        "member" if shape.live else "member, no live copies",
         latencies(speculative),
-        latencies(probes[Isolation.COMMITTED]) if committed else np.zeros(0),
+        latencies(probes[Isolation.COMMITTED]) if shape.committed else np.zeros(0),
         speculative.samples / SAMPLE_RATE_HZ,
         cpu,
         size,
@@ -309,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the member row without the committed listener's process (what it costs the rest)",
     )
     parser.add_argument(
+        "--aligned-talker",
+        action="store_true",
+        help="the member row's sessions step together each 40 ms frame (default: each on its "
+        "own frame clock, spread as the floor's talker spreads its streams)",
+    )
+    parser.add_argument(
         "--switch-interval-ms",
         type=float,
         help="sys.setswitchinterval in this process (the member's and the relay's; default 5)",
@@ -317,17 +343,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
     print(f"load before: {_load()}", flush=True)
+    shape = MemberShape(not args.no_live, not args.no_committed, not args.aligned_talker)
     with local_cluster(args.bootstrap) as found:
         broker = Broker(found)
         floor_row(broker, args.streams, args.warm_s)
-        member_row(broker, args.streams, args.warm_s, not args.no_live, not args.no_committed)
+        member_row(broker, args.streams, args.warm_s, shape)
         pairs: list[tuple[Row, Row]] = []
         for n in range(args.pairs):
             print(f"pair {n + 1} of {args.pairs} ...", file=sys.stderr, flush=True)
             floor = floor_row(broker, args.streams, args.seconds)
-            member = member_row(
-                broker, args.streams, args.seconds, not args.no_live, not args.no_committed
-            )
+            member = member_row(broker, args.streams, args.seconds, shape)
             pairs.append((floor, member))
     print(f"load after: {_load()}")
     print(table([row for pair in pairs for row in pair]))

@@ -11,7 +11,9 @@ stream's cache epoch both advance), some sessions are aborted outright.
 
 `play(...)` is the publishing loop: it merges the sessions on their common timeline and feeds
 each step to a sink (normally `Talker.apply`), in real time or as fast as possible. The clock,
-the sleep and the wall clock are parameters.
+the sleep and the wall clock are parameters. In real time every session steps on the same 40 ms
+grid by default (one talker replica batching its sessions: a burst every frame); with `phases`
+the sessions step on their own frame clocks, spread over the frame (`due_s`).
 """
 
 from __future__ import annotations
@@ -242,6 +244,22 @@ class PlayResult:
     timeline_s: float
 
 
+def due_s(item: ScriptStep, phases: int = 1) -> float:
+    """When `item` is due, in seconds from the start of the timeline. With `phases` n > 1,
+    session i steps (i mod n) / n of a frame after the grid: n talkers whose frame clocks are
+    not aligned, instead of every session's step at the same instant each 40 ms. merged()
+    orders a frame's steps by session, so with n at least the session count the order of the
+    steps is the order of these times."""
+    phases = _checked(phases)
+    return (item.frame + (item.session % phases) / phases) * FRAME_SECONDS
+
+
+def _checked(phases: int) -> int:
+    if phases < 1:
+        raise SyntheticConfigError(f"phases must be >= 1, got {phases}")
+    return phases
+
+
 def play(
     steps: Iterable[ScriptStep],
     apply: Callable[[StepInput], Sequence[object]],
@@ -253,8 +271,11 @@ def play(
     now_ms: Callable[[], int],
     on_progress: Callable[[Progress], None] | None = None,
     progress_every_s: float = 0.5,
+    phases: int = 1,
 ) -> PlayResult:
-    """Feed every step to `apply`; with `realtime`, step `frame` waits until frame/25 s."""
+    """Feed every step to `apply`; with `realtime`, each step waits until it is due
+    (`due_s(step, phases)`: frame/25 s, plus its session's phase)."""
+    _checked(phases)
     start = clock()
     next_report = start
     count = records = 0
@@ -262,7 +283,7 @@ def play(
     for item in steps:
         frame = item.frame
         if realtime:
-            _wait_until(start + frame * FRAME_SECONDS, clock, sleep)
+            _wait_until(start + due_s(item, phases), clock, sleep)
         records += len(apply(dataclasses.replace(item.step, now_ms=now_ms())))
         count += 1
         if on_progress is not None and clock() >= next_report:

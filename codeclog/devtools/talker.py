@@ -17,11 +17,14 @@ from codeclog.producers.talker import Talker, wall_clock_ms
 
 @dataclasses.dataclass(frozen=True)
 class Speech:
-    """What to say: `sessions` seeded synthetic duplex sessions of `seconds` each."""
+    """What to say: `sessions` seeded synthetic duplex sessions of `seconds` each; `phased`:
+    in real time each session steps on its own frame clock (synthetic.due_s), spread over the
+    40 ms, instead of all together every frame."""
 
     sessions: int
     seconds: float
     seed: int
+    phased: bool = False
 
 
 class Voice:
@@ -59,6 +62,7 @@ class Voice:
             sleep=time.sleep,
             now_ms=self.now_ms,
             on_progress=on_progress,
+            phases=speech.sessions if speech.phased else 1,
         )
         for session in sessions:
             self.talker.forget(session.request_id)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from codeclog.producers.synthetic import (
     FRAMES_PER_SECOND,
     SyntheticConfig,
     SyntheticConfigError,
+    due_s,
     merged,
     play,
     request_id_for,
@@ -131,6 +134,66 @@ def test_realtime_play_sleeps_until_each_frame() -> None:
     assert all(delay > 0 for delay in slept)
     assert result.steps == len(steps)
     assert result.elapsed_s == pytest.approx(now[0])
+
+
+def test_phased_play_spreads_the_sessions_over_each_frame() -> None:
+    now = [0.0]
+    applied: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    def apply(_step: object) -> list[object]:
+        applied.append(now[0])
+        return []
+
+    steps = list(merged(scripts(SyntheticConfig(sessions=4, seconds=6, seed=1))))
+    play(
+        steps,
+        apply,
+        total_s=6,
+        realtime=True,
+        clock=lambda: now[0],
+        sleep=sleep,
+        now_ms=lambda: 0,
+        phases=4,
+    )
+    # session i of 4 steps i/4 of a frame (10 ms) after the grid, each step when it is due
+    assert applied == pytest.approx([s.frame * 0.04 + s.session * 0.01 for s in steps])
+    shared = len({s.frame for s in steps})
+    assert len({round(at, 9) for at in applied}) > shared  # a frame's steps are apart
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sessions=st.integers(1, 12),
+    seconds=st.floats(0.5, 6),
+    seed=st.integers(0, 1000),
+)
+def test_phased_due_times_follow_the_merged_order(sessions: int, seconds: float, seed: int) -> None:
+    config = SyntheticConfig(sessions=sessions, seconds=seconds, seed=seed)
+    steps = list(merged(scripts(config)))
+    phased = [due_s(s, sessions) for s in steps]
+    assert phased == sorted(phased)  # realtime play never waits for an earlier step's time
+    assert all(0 <= due - s.frame * 0.04 < 0.04 for s, due in zip(steps, phased, strict=True))
+    assert [due_s(s) for s in steps] == [s.frame * 0.04 for s in steps]  # aligned: the grid
+
+
+def test_phases_below_one_are_refused() -> None:
+    step = next(merged(scripts(SyntheticConfig(sessions=1, seconds=6, seed=1))))
+    with pytest.raises(SyntheticConfigError, match="phases must be >= 1"):
+        due_s(step, 0)
+    with pytest.raises(SyntheticConfigError, match="phases must be >= 1"):
+        play(
+            [step],
+            lambda _s: [],
+            total_s=1,
+            realtime=False,
+            clock=lambda: 0.0,
+            sleep=lambda _s: None,
+            now_ms=lambda: 0,
+            phases=0,
+        )
 
 
 @pytest.mark.parametrize(
