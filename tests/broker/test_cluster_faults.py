@@ -66,8 +66,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def _leader(client: dict[str, str], topic: str, partition: int) -> int:
+    """The partition's leader; -1 while the answering node's metadata does not list it yet (a
+    CI run asked right after creating the topic and found it without partitions: KeyError)."""
     metadata = AdminClient({**client, "log_level": "2"}).list_topics(topic, timeout=10)
-    return int(metadata.topics[topic].partitions[partition].leader)
+    found = metadata.topics.get(topic)
+    listed = found.partitions.get(partition) if found is not None else None
+    return -1 if listed is None else int(listed.leader)
 
 
 def _wait(
