@@ -250,7 +250,10 @@ def due_s(item: ScriptStep, phases: int = 1) -> float:
     not aligned, instead of every session's step at the same instant each 40 ms. merged()
     orders a frame's steps by session, so with n at least the session count the order of the
     steps is the order of these times."""
-    phases = _checked(phases)
+    return _due_s(item, _checked(phases))
+
+
+def _due_s(item: ScriptStep, phases: int) -> float:
     return (item.frame + (item.session % phases) / phases) * FRAME_SECONDS
 
 
@@ -283,7 +286,7 @@ def play(
     for item in steps:
         frame = item.frame
         if realtime:
-            _wait_until(start + due_s(item, phases), clock, sleep)
+            _wait_until(start + _due_s(item, phases), clock, sleep)  # phases checked above
         records += len(apply(dataclasses.replace(item.step, now_ms=now_ms())))
         count += 1
         if on_progress is not None and clock() >= next_report:

@@ -42,12 +42,21 @@ def transaction_state_partition(transactional_id: str) -> int:
     return (java_string_hash(transactional_id) & 0x7FFFFFFF) % TRANSACTION_STATE_PARTITIONS
 
 
+def current_leader(client: dict[str, str], topic: str, partition: int) -> int:
+    """The partition's leader as the answering node knows it; -1 while it has none, or does not
+    list the partition yet (asked right after creating the topic: a CI run found it without
+    partitions)."""
+    metadata = AdminClient({**client, "log_level": "2"}).list_topics(topic, timeout=10)
+    found = metadata.topics.get(topic)
+    listed = found.partitions.get(partition) if found is not None else None
+    return -1 if listed is None else int(listed.leader)
+
+
 def leader_of(client: dict[str, str], topic: str, partition: int) -> int:
     deadline = time.monotonic() + 60
     while True:
         try:
-            metadata = AdminClient({**client, "log_level": "2"}).list_topics(topic, timeout=10)
-            leader = int(metadata.topics[topic].partitions[partition].leader)
+            leader = current_leader(client, topic, partition)
             if leader >= 0:
                 return leader
         except Exception:

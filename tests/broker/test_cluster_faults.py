@@ -34,6 +34,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.devtools.broker import BrokerSettings
 from codeclog.devtools.cluster import LocalCluster, NodeStatusKind
+from codeclog.devtools.fault_actions import current_leader
 from codeclog.devtools.talker import Speech, Voice
 from codeclog.kafka.topics import create_topics
 from codeclog.producers.publisher import PublisherConfig
@@ -63,15 +64,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield local
     finally:
         local.stop()
-
-
-def _leader(client: dict[str, str], topic: str, partition: int) -> int:
-    """The partition's leader; -1 while the answering node's metadata does not list it yet (a
-    CI run asked right after creating the topic and found it without partitions: KeyError)."""
-    metadata = AdminClient({**client, "log_level": "2"}).list_topics(topic, timeout=10)
-    found = metadata.topics.get(topic)
-    listed = found.partitions.get(partition) if found is not None else None
-    return -1 if listed is None else int(listed.leader)
 
 
 def _wait(
@@ -152,12 +144,12 @@ def test_leader_sigkill_and_restart_mid_run_lose_and_duplicate_nothing(
         assert talker.publisher.flush(60) == 0
         _wait(lambda: service.stats["windows"] > 0, 120, "the vocoder's first audio")
 
-        victim = _leader(client, topics.chunks, 0)
+        victim = current_leader(client, topics.chunks, 0)
         cluster.kill(victim)  # SIGKILL, mid-run: the vocoder is still working through phase 1
         assert {s.node_id: s.kind for s in cluster.status()}[victim] is NodeStatusKind.CRASHED
         talker.speak(Speech(sessions=3, seconds=4, seed=22), realtime=False)  # still speaking
         _wait(
-            lambda: _leader(client, topics.chunks, 0) not in (victim, -1),
+            lambda: current_leader(client, topics.chunks, 0) not in (victim, -1),
             60,
             "a new leader for chunk partition 0",
         )
@@ -269,7 +261,7 @@ def test_the_history_checker_reads_a_complete_log_while_node_1_is_down(
     topic = unique_name("h.audio")
     admin = AdminClient({**client, "log_level": "2"})
     admin.create_topics([NewTopic(topic, 1, replica_assignment=[[2, 3, 1]])])[topic].result(30)
-    _wait(lambda: _leader(client, topic, 0) == 2, 30, "node 2 leading the new partition")
+    _wait(lambda: current_leader(client, topic, 0) == 2, 30, "node 2 leading the new partition")
     warm = Producer({**client, "transactional.id": unique_name("warm"), "log_level": 2})
     warm.init_transactions(60)  # the transaction state topic exists from here on
     tid = next(
