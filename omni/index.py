@@ -1,4 +1,4 @@
-"""The connector receiver's index: records read from the topic, each key handed out once.
+"""The connector receiver's index: what it read of each request, handed out once, in order.
 
 `CodeclogKafkaConnector` (omni.connector) fills it from its background consumer and serves
 `get` from it, under its own lock; this class does no I/O and takes no lock. A key (put key,
@@ -7,16 +7,28 @@ record with a key that waits or was handed out (a producer retry that landed twi
 and counted `redelivered`; the same record read again (the put's own copy, which the connector
 indexes as soon as the broker acknowledged it) is dropped silently.
 
-What the index keeps of a request ends with the request, because vllm-omni's chunk adapter
-calls `cleanup` only for its shared-memory connector:
-- handing out a request's terminal entry (`meta.finished`) forgets the request (`finished`);
-- a request with nothing handed out or indexed for `idle_s` is forgotten and its waiting entries
-  dropped (`expired`): a request routed to another replica, whose entries nobody here asks for,
-  or one the engine aborted without a terminal;
-- `forget` (the connector's `cleanup`) drops a request, or one put key, at once;
+A request is a `Stream` from its first record read until it ends. It ends (an `Ending`):
+- `finished`: its terminal entry (`meta.finished`) was handed out;
+- `timed_out`: the adapter asked for its next chunk and nothing new of it arrived for the
+  connector's `request_wait_s` (its talker died, or the log is out of reach); the connector
+  then fails it through the adapter;
+- `cleanup`: the connector's `cleanup` named it.
+Each ending is written to the hand-out ledger (omni.ledger) as a mark, so a successor of this
+receiver (a replacement process in the same consumer group) neither re-indexes nor hands out
+a request that ended here. A later record of an ended request is dropped and counted
+`late_dropped`, unless it is chunk 0: a new request under the same id.
+
+Not an ending, nothing written:
+- a request the adapter never asked for, idle for `idle_s`, is forgotten (`expired`): one
+  routed to another replica, read here because every replica reads every partition;
 - past `max_entries` the oldest waiting entry is dropped (`evicted`).
-The receiver commits below the oldest entry not handed out yet (`commit_offsets`), so a restarted
-receiver re-reads what it had not delivered.
+
+Commits. Per partition the receiver commits the first offset of the oldest request it still
+holds (`commit_offsets`): a successor re-reads every request that had not ended from its
+first record, and so hands it out again from chunk 0, as the successor's adapter asks for it.
+The ledger floor (`ledger_floor`) is where the successor reads the ledger from: no mark of a
+request with records at or after a committed offset, or that ended within `idle_s`, lies below
+it.
 """
 
 from __future__ import annotations
@@ -29,6 +41,11 @@ from codeclog.omni.payload import parse_put_key
 
 IndexKey = tuple[str, str, str]  # (put key, from stage, to stage)
 Position = tuple[int, int]  # (partition, offset)
+
+FINISHED = "finished"
+TIMED_OUT = "timed_out"
+CLEANUP = "cleanup"
+ENDING_REASONS = (FINISHED, TIMED_OUT, CLEANUP)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,23 +63,55 @@ class Entry:
         return self.partition, self.offset
 
 
+@dataclasses.dataclass(slots=True)
+class Stream:
+    """What the receiver holds of one request that has not ended."""
+
+    partition: int  # -1 while nothing of it was read (the adapter asked first)
+    first_offset: int  # its first record read: the successor's re-read starts at or below it
+    last_offset: int  # its newest record read
+    touched: float  # last record read, get answered or asked (monotonic s)
+    waiting: set[IndexKey] = dataclasses.field(default_factory=set)
+    handed: dict[IndexKey, Position] = dataclasses.field(default_factory=dict)
+    claimed: bool = False  # the adapter asked for one of its keys: the request is routed here
+    asked: IndexKey | None = None  # the key the adapter asks for and the index lacks
+    asked_since: float | None = None  # since when it asks for that key
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ending:
+    """A request that ended here, or at a predecessor in the same group (from the ledger)."""
+
+    request_id: str
+    partition: int
+    last_offset: int  # its last record read: none of its records up to here is indexed again
+    reason: str  # one of ENDING_REASONS
+    at: float  # when it ended (monotonic s; a restored one: when it was restored)
+    mark_offset: int | None = None  # its mark's offset on the ledger, once written
+
+
 def request_of(key: IndexKey) -> str:
     """The external request id of a key (its put key's first part)."""
     return parse_put_key(key[0])[0]
 
 
+def chunk_of(key: IndexKey) -> int | None:
+    """The adapter's chunk counter in a key (None for a key of another form)."""
+    return parse_put_key(key[0])[2]
+
+
 class HandOutIndex:
-    """Entries by key, each handed out once (see the module docstring)."""
+    """Entries by key, each handed out once; requests until they end (module docstring)."""
 
     def __init__(self, max_entries: int, idle_s: float = 600.0) -> None:
         self.max_entries = max_entries
         self.idle_s = idle_s
         self.counts: dict[str, int] = defaultdict(int)
-        self._entries: OrderedDict[IndexKey, Entry] = OrderedDict()
-        self._waiting: dict[str, set[IndexKey]] = {}  # request -> its keys waiting
-        self._handed: dict[str, dict[IndexKey, Position]] = {}  # request -> keys handed out
-        self._touched: dict[str, float] = {}  # request -> last add or take (monotonic s)
-        self._pending: dict[int, set[int]] = defaultdict(set)  # partition -> offsets waiting
+        self.marks_due: list[Ending] = []  # endings whose marks the connector has to write
+        self._entries: OrderedDict[IndexKey, Entry] = OrderedDict()  # waiting, oldest first
+        self._streams: dict[str, Stream] = {}
+        self._ended: dict[str, Ending] = {}
+        self._asked_after_end: dict[str, IndexKey] = {}  # ended, asked for again: the key
         self._read: dict[int, int] = {}  # partition -> next offset to read
 
     def __len__(self) -> int:
@@ -70,91 +119,245 @@ class HandOutIndex:
 
     @property
     def requests(self) -> int:
-        """Requests the index keeps anything of (waiting entries or handed-out keys)."""
-        return len(self._touched)
+        """Requests the index holds anything of (read, handed out or asked for)."""
+        return len(self._streams)
 
     @property
     def handed(self) -> int:
         """Handed-out keys remembered (of requests not ended yet)."""
-        return sum(len(keys) for keys in self._handed.values())
+        return sum(len(stream.handed) for stream in self._streams.values())
+
+    @property
+    def ended(self) -> int:
+        """Endings remembered (until no record of theirs can be read again)."""
+        return len(self._ended)
+
+    def ending(self, request_id: str) -> Ending | None:
+        return self._ended.get(request_id)
 
     def read(self, partition: int, offset: int) -> None:
         """A record at this position was read (whether or not it is added)."""
         self._read[partition] = max(self._read.get(partition, 0), offset + 1)
 
+    # ------------------------------------------------------------------------------ records
     def add(self, key: IndexKey, entry: Entry, now: float) -> bool:
-        """Index a record; False for a copy of a key that waits or was handed out already."""
+        """Index a record; False for a copy, a record of an ended request, or a late one."""
         request = request_of(key)
+        if not self._admits(request, key, entry):
+            return False
+        stream = self._streams.get(request)
+        if stream is None or stream.partition < 0:
+            stream = self._open(request, entry, now, stream)
         waiting = self._entries.get(key)
-        handed = self._handed.get(request, {}).get(key)
+        handed = stream.handed.get(key)
         if waiting is not None or handed is not None:
             if entry.position not in (handed, waiting.position if waiting else None):
                 self.counts["redelivered"] += 1
             return False
         self._entries[key] = entry
-        self._waiting.setdefault(request, set()).add(key)
-        self._pending[entry.partition].add(entry.offset)
-        self._touched[request] = now
+        stream.waiting.add(key)
+        stream.last_offset = max(stream.last_offset, entry.offset)
+        stream.touched = now
+        if key == stream.asked:  # what the adapter waits for arrived
+            stream.asked = stream.asked_since = None
         self.counts["indexed"] += 1
         while len(self._entries) > self.max_entries:
-            oldest = next(iter(self._entries))
-            self._drop(oldest)
+            self._drop(next(iter(self._entries)))
             self.counts["evicted"] += 1
         return True
 
+    def _admits(self, request: str, key: IndexKey, entry: Entry) -> bool:
+        """Whether a record of `request` may be indexed (not one of a request that ended)."""
+        ending = self._ended.get(request)
+        if ending is None:
+            return True
+        if entry.partition == ending.partition and entry.offset <= ending.last_offset:
+            self.counts["ended_skipped"] += 1  # read again: it ended here or at a predecessor
+            return False
+        if chunk_of(key) == 0:
+            del self._ended[request]  # chunk 0 again: a new request under the same id
+            self._asked_after_end.pop(request, None)
+            return True
+        self.counts["late_dropped"] += 1
+        self._ended[request] = dataclasses.replace(ending, last_offset=entry.offset)
+        return False
+
+    def _open(self, request: str, entry: Entry, now: float, asked: Stream | None) -> Stream:
+        """The stream of a request's first record (keeping what an earlier ask noted)."""
+        stream = Stream(entry.partition, entry.offset, entry.offset, now)
+        if asked is not None:
+            stream.claimed, stream.handed = asked.claimed, asked.handed
+        self._streams[request] = stream
+        return stream
+
+    # --------------------------------------------------------------------------- hand-outs
     def take(self, key: IndexKey, now: float) -> Entry | None:
-        """Hand out the entry of `key` (once); a terminal entry ends its request."""
+        """Hand out the entry of `key` (once); a terminal entry ends its request. A miss
+        notes that the adapter waits for the request (`overdue` measures from then)."""
+        request = request_of(key)
         entry = self._entries.get(key)
         if entry is None:
+            self._note_ask(request, key, now)
             return None
         self._drop(key)
         self.counts["gets"] += 1
-        request = request_of(key)
         if entry.terminal:
-            self._end(request)
+            self.end(request, FINISHED, now)
             self.counts["finished"] += 1
-        else:
-            self._handed.setdefault(request, {})[key] = entry.position
-            self._touched[request] = now
+            return entry
+        stream = self._streams.get(request)
+        if stream is None:  # its other entries were evicted: the request is this entry's
+            stream = self._open(request, entry, now, None)
+        stream.handed[key] = entry.position
+        stream.claimed, stream.touched = True, now
+        stream.asked = stream.asked_since = None
         return entry
 
-    def forget(self, name: str) -> None:
-        """Drop a request (by request id) or one waiting key (by put key)."""
+    def _note_ask(self, request: str, key: IndexKey, now: float) -> None:
+        if request in self._ended:
+            self._asked_after_end[request] = key
+            return
+        stream = self._streams.get(request)
+        if stream is None:
+            stream = self._streams[request] = Stream(-1, -1, -1, now)
+        stream.claimed, stream.touched = True, now
+        if stream.asked != key:
+            stream.asked, stream.asked_since = key, now
+
+    def overdue(self, now: float, wait_s: float) -> list[str]:
+        """Requests whose next chunk the adapter has asked for `wait_s` and not got."""
+        if wait_s <= 0:
+            return []
+        return [
+            request
+            for request, stream in self._streams.items()
+            if stream.asked_since is not None and now - stream.asked_since >= wait_s
+        ]
+
+    def asked_key(self, request: str) -> IndexKey | None:
+        """The key the adapter asks for and the index lacks (None when it asks for none)."""
+        stream = self._streams.get(request)
+        return stream.asked if stream is not None else None
+
+    def asked_after_end(self) -> list[tuple[str, IndexKey]]:
+        """(request, key) the adapter asked for although the request ended (reported once)."""
+        asked = sorted(self._asked_after_end.items())
+        self._asked_after_end.clear()
+        return asked
+
+    def restart_waits(self, now: float) -> None:
+        """Every wait counts from `now` (the receiver could not answer before: it was
+        reading its ledger)."""
+        for stream in self._streams.values():
+            if stream.asked_since is not None:
+                stream.asked_since = now
+
+    # ----------------------------------------------------------------------------- endings
+    def end(self, request: str, reason: str, now: float) -> Ending:
+        """End a request: drop what waits of it, remember the ending, queue its mark."""
+        stream = self._streams.pop(request, None)
+        for key in list(stream.waiting if stream else ()):
+            self._drop(key)
+        partition = stream.partition if stream else -1
+        last = stream.last_offset if stream else -1
+        ending = Ending(request, partition, last, reason, now)
+        self._ended[request] = ending
+        self.marks_due.append(ending)
+        return ending
+
+    def marked(self, request: str, mark_offset: int) -> None:
+        """The mark of a request's ending is on the ledger at `mark_offset`."""
+        ending = self._ended.get(request)
+        if ending is not None and ending.mark_offset is None:
+            self._ended[request] = dataclasses.replace(ending, mark_offset=mark_offset)
+
+    def restore(self, ending: Ending) -> None:
+        """An ending a predecessor in this group wrote to the ledger (read before this
+        receiver reads any record): the request is not indexed or handed out again."""
+        known = self._ended.get(ending.request_id)
+        if known is not None and known.last_offset > ending.last_offset:
+            return
+        self._ended[ending.request_id] = ending
+        self.counts["restored_endings"] += 1
+        stream = self._streams.get(ending.request_id)
+        if stream is not None and stream.partition < 0:  # asked for before the ledger was read
+            del self._streams[ending.request_id]
+            if stream.asked is not None:
+                self._asked_after_end[ending.request_id] = stream.asked
+
+    def ended_elsewhere(self, ending: Ending) -> None:
+        """Another replica's group ended the request: unless the adapter here asked for it
+        (it is routed here now), what this receiver read of it is dropped, and the rest of
+        it will be."""
+        stream = self._streams.get(ending.request_id)
+        if stream is not None and (stream.claimed or stream.first_offset > ending.last_offset):
+            return
+        if stream is not None:
+            self._forget_stream(ending.request_id)
+        self._ended.setdefault(ending.request_id, ending)
+        self.counts["ended_elsewhere"] += 1
+
+    def forget(self, name: str, now: float) -> None:
+        """End a request (by request id, `cleanup`), or drop one waiting key (by put key)."""
+        if name in self._streams:
+            self.end(name, CLEANUP, now)
+            return
         for key in [k for k in self._entries if k[0] == name]:
             self._drop(key)
-        self._end(name)
 
     def expire(self, now: float) -> None:
-        """Forget the requests idle for `idle_s` (see the module docstring)."""
-        idle = [request for request, at in self._touched.items() if now - at >= self.idle_s]
-        for request in idle:
-            self.counts["expired"] += len(self._waiting.get(request, ()))
-            self._end(request)
+        """Forget idle requests nobody waits for, and endings no record can reach again."""
+        for request, stream in list(self._streams.items()):
+            idle = now - stream.touched >= self.idle_s
+            if idle and stream.asked_since is None:
+                self.counts["expired"] += len(stream.waiting)
+                self._forget_stream(request)
+        commits = self.commit_offsets()
+        for request, ending in list(self._ended.items()):
+            unreachable = ending.last_offset < commits.get(ending.partition, 0)
+            if unreachable and now - ending.at >= self.idle_s and ending.mark_offset is not None:
+                del self._ended[request]
 
+    # ----------------------------------------------------------------------------- commits
     def read_position(self, partition: int) -> int:
         """The next offset to read in a partition (0 before any)."""
         return self._read.get(partition, 0)
 
     def commit_offsets(self) -> dict[int, int]:
-        """Per partition read so far: the offset to commit, below the oldest entry waiting."""
-        return {p: min(self._pending[p], default=high) for p, high in self._read.items()}
+        """Per partition read so far: the first offset of the oldest request held there."""
+        firsts: dict[int, int] = {}
+        for stream in self._streams.values():
+            if stream.partition >= 0:
+                known = firsts.get(stream.partition, stream.first_offset)
+                firsts[stream.partition] = min(known, stream.first_offset)
+        return {p: min(firsts.get(p, high), high) for p, high in self._read.items()}
 
+    def ledger_floor(self, known_end: int, now: float) -> int:
+        """Where a successor reads the ledger from: the lowest mark it needs, else
+        `known_end`. It needs the mark of every request it may read again (a record at or
+        after its partition's committed offset), and of every request that ended within
+        `idle_s`, so that it refuses at once a request re-submitted after it ended."""
+        commits = self.commit_offsets()
+        marks = [
+            ending.mark_offset
+            for ending in self._ended.values()
+            if ending.mark_offset is not None
+            and (
+                ending.last_offset >= commits.get(ending.partition, 0)
+                or now - ending.at < self.idle_s
+            )
+        ]
+        return min([*marks, known_end])
+
+    # ------------------------------------------------------------------------------ helpers
     def _drop(self, key: IndexKey) -> None:
-        """Remove a waiting entry (and the request, once nothing of it is kept)."""
-        entry = self._entries.pop(key)
-        self._pending[entry.partition].discard(entry.offset)
-        request = request_of(key)
-        keys = self._waiting.get(request)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._waiting[request]
-        if request not in self._waiting and request not in self._handed:
-            self._touched.pop(request, None)
+        """Remove a waiting entry (its stream stays)."""
+        self._entries.pop(key)
+        stream = self._streams.get(request_of(key))
+        if stream is not None:
+            stream.waiting.discard(key)
 
-    def _end(self, request: str) -> None:
-        """Forget everything of a request."""
-        for key in list(self._waiting.get(request, ())):
-            self._drop(key)
-        self._handed.pop(request, None)
-        self._touched.pop(request, None)
+    def _forget_stream(self, request: str) -> None:
+        stream = self._streams.pop(request)
+        for key in list(stream.waiting):
+            self._entries.pop(key, None)

@@ -152,6 +152,28 @@ class StreamCheckpoint:
     determinism_domain: str = ""  # the decoding member's vocoder.domain; "" = unknown (v1)
 
 
+class HandOutEnd(enum.Enum):
+    """Why a request ended at a vllm-omni connector receiver (omni.index)."""
+
+    FINISHED = "finished"
+    TIMED_OUT = "timed_out"
+    CLEANUP = "cleanup"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HandOutMark:
+    """The end of one request at a connector receiver, on the edge's hand-out ledger."""
+
+    request_id: str
+    consumer_group: str
+    input_topic: str
+    input_partition: int  # -1: nothing of the request was read
+    last_offset: int  # its last record read when it ended (-1: none)
+    reason: HandOutEnd
+    produced_at_ms: int = 0
+    producer_id: str = ""
+
+
 def to_dict(record: Any) -> dict[str, Any]:
     """A record as a plain dict with enums as their values (the Avro boundary uses this)."""
     out: dict[str, Any] = {}

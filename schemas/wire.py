@@ -35,6 +35,8 @@ from codeclog.schemas.records import (
     ControlEvent,
     ControlKind,
     DeadLetter,
+    HandOutEnd,
+    HandOutMark,
     PayloadEntry,
     PayloadEnvelope,
     PayloadKind,
@@ -43,7 +45,13 @@ from codeclog.schemas.records import (
 )
 
 Record: TypeAlias = (
-    CodecChunk | ControlEvent | AudioChunk | DeadLetter | StreamCheckpoint | PayloadEnvelope
+    CodecChunk
+    | ControlEvent
+    | AudioChunk
+    | DeadLetter
+    | StreamCheckpoint
+    | PayloadEnvelope
+    | HandOutMark
 )
 
 MARKER = b"\xc3\x01"  # SOE version 1 marker (Avro spec, "Single object encoding")
@@ -59,6 +67,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
     "dead_letter": DeadLetter,
     "stream_checkpoint": StreamCheckpoint,
     "payload_envelope": PayloadEnvelope,
+    "handout_mark": HandOutMark,
 }
 
 _INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
@@ -291,7 +300,7 @@ def _check_fields(latest: SchemaVersion) -> None:
         raise WireError(f"{latest.label} and {latest.record_type.__name__} differ in {diff}")
 
 
-# Fields whose Python form differs from fastavro's: arrays are tuples, enums are ControlKind.
+# Fields whose Python form differs from fastavro's: arrays are tuples, enums their Python enums.
 _CONVERTERS: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
     "codec_chunk": (("codes", tuple),),
     "control_event": (("kind", ControlKind),),
@@ -299,11 +308,13 @@ _CONVERTERS: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
     "dead_letter": (),
     "stream_checkpoint": (),
     "payload_envelope": (("entries", lambda items: tuple(map(_entry_from_avro, items))),),
+    "handout_mark": (("reason", HandOutEnd),),
 }
 # Record value -> Avro value, where that is not the identity (tuples need none: fastavro writes
 # any sequence; enums are written as their values).
 _TO_AVRO: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
     "control_event": (("kind", lambda kind: _enum_value(kind)),),
+    "handout_mark": (("reason", lambda reason: _enum_value(reason)),),
     "payload_envelope": (("entries", lambda entries: [_entry_to_avro(e) for e in entries]),),
 }
 _ENTRY_CONSTRUCT = slot_constructor(PayloadEntry)

@@ -13,6 +13,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from codeclog.devtools.broker import pick_free_port
 from codeclog.omni.connector import CodeclogKafkaConnector
 from codeclog.omni.minicpmo import minicpmo_payload
+from codeclog.omni.receiver import ERROR_KEY
 from codeclog.testing.upstream_streams import preroll_window
 from tests.omni.equality import payload_equal
 
@@ -202,3 +203,63 @@ def test_a_topic_created_after_the_receiver_started_is_not_a_failure(
         assert _wait(receiver, "late_1_0")[0] == {"v": 1}  # type: ignore[index]
         health = receiver.health()
         assert health["failures"] == 0 and health["status"] == "ok", health
+
+
+def _ended(payload: object) -> str:
+    """The reason a failure terminal carries ("" for any other payload)."""
+    meta = payload.get("meta", {}) if isinstance(payload, dict) else {}
+    finished = meta.get("finished")
+    if not (isinstance(finished, torch.Tensor) and bool(finished.item())):
+        return ""
+    return str(meta.get(ERROR_KEY, ""))
+
+
+def test_a_request_waited_on_past_the_bound_ends_with_a_failure_terminal(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> None:
+    """Without an adapter bound to it (outside vLLM), the receiver ends a request whose talker
+    went silent with a terminal payload in the adapter's end-marker shape, with the reason."""
+    topic = _topic(kafka_bootstrap, unique_name("omni"))
+    config = {"bootstrap": kafka_bootstrap, "topic": topic, "stage_id": 2, "request_wait_s": 1}
+    with CodeclogKafkaConnector(
+        {**config, "role": "receiver", "group_id": unique_name("recv")}
+    ) as receiver:
+        started = time.monotonic()
+        got = None
+        while got is None and time.monotonic() - started < WAIT_S:
+            got = receiver.get("1", "2", "silent_1_0")  # asked for, never put
+            time.sleep(0.05)
+        assert got is not None and "request_wait_s" in _ended(got[0])
+        assert time.monotonic() - started >= 1.0
+        health = receiver.health()
+        assert health["timed_out"] == 1 and list(health["failed_requests"]) == ["silent"]
+        assert receiver.get("1", "2", "silent_1_0") is None  # ended: nothing more of it
+
+
+def test_a_replaced_receiver_hands_out_the_unfinished_request_from_chunk_0_only(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> None:
+    """A receiver hands out w's first chunk and the whole of x; its replacement in the same
+    group hands out w again from chunk 0, and refuses x: its end is on the ledger."""
+    topic = _topic(kafka_bootstrap, unique_name("omni"))
+    base = {"bootstrap": kafka_bootstrap, "topic": topic}
+    receiving = {**base, "stage_id": 2, "role": "receiver", "group_id": unique_name("recv")}
+    with CodeclogKafkaConnector({**base, "stage_id": 1, "role": "sender"}) as sender:
+        for key, payload in (("w_1_0", {"k": 0}), ("w_1_1", {"k": 1}), ("x_1_0", {"k": 2})):
+            assert sender.put("1", "2", key, payload)[0]
+        end = {"meta": {"finished": torch.tensor(True)}}  # the adapter's end marker
+        assert sender.put("1", "2", "x_1_1", end)[0]
+    with CodeclogKafkaConnector(receiving) as first:
+        assert _wait(first, "w_1_0")[0] == {"k": 0}  # type: ignore[index]
+        assert _wait(first, "x_1_0")[0] == {"k": 2}  # type: ignore[index]
+        assert _ended(_wait(first, "x_1_1")[0]) == ""  # x's terminal: x ended here
+        deadline = time.monotonic() + WAIT_S
+        while first.health().get("marks", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    with CodeclogKafkaConnector(receiving) as replacement:
+        assert _wait(replacement, "w_1_0")[0] == {"k": 0}  # type: ignore[index]
+        assert _wait(replacement, "w_1_1")[0] == {"k": 1}  # type: ignore[index]
+        reason = _ended(_wait(replacement, "x_1_0")[0])
+        assert "ended on this edge before (finished)" in reason
+        health = replacement.health()
+        assert health["restored_endings"] >= 1 and health["asked_after_end"] == 1

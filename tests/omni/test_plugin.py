@@ -141,3 +141,33 @@ def test_another_vllm_omni_release_registers_with_a_warning(
     assert bool(warnings) is warns
     if warns:
         assert f"vllm-omni {installed}" in warnings[0] and "0.30.x" in warnings[0]
+
+
+def test_a_chunk_adapter_is_bound_to_its_codeclog_connector_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The adapter class is wrapped once however often the plugin loads; an adapter whose
+    connector has `bind_adapter` is handed to it, any other connector is left alone."""
+
+    class Adapter:
+        def __init__(self, connector: Any) -> None:
+            self.connector = connector
+
+    class Bindable:
+        bound: Any = None
+
+        def bind_adapter(self, adapter: Any) -> None:
+            self.bound = adapter
+
+    module = types.ModuleType(plugin.ADAPTER_MODULE)
+    module.OmniChunkTransferAdapter = Adapter  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, plugin.ADAPTER_MODULE, module)
+    assert plugin.bind_adapters() and plugin.bind_adapters()
+    wrapped = Adapter.__init__
+    assert plugin.bind_adapters() and Adapter.__init__ is wrapped  # not wrapped twice
+    connector = Bindable()
+    adapter = Adapter(connector)
+    assert connector.bound is adapter
+    assert Adapter(object()).connector is not None  # no bind_adapter: nothing happens
+    monkeypatch.setitem(sys.modules, plugin.ADAPTER_MODULE, None)
+    assert plugin.bind_adapters() is False

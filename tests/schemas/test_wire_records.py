@@ -18,6 +18,8 @@ from codeclog.schemas.records import (
     ControlEvent,
     ControlKind,
     DeadLetter,
+    HandOutEnd,
+    HandOutMark,
     StreamCheckpoint,
     slot_constructor,
     to_dict,
@@ -70,6 +72,9 @@ EXAMPLES: dict[str, wire.Record] = {
         cache_epoch=1,
         chunk_seq=0,
         details_json='{"actual":1,"expected":2}',
+    ),
+    "handout_mark": HandOutMark(
+        "r", "code2wav-replica0", "codec.chunks", 2, 4096, HandOutEnd.TIMED_OUT, 5, "omni-7"
     ),
     "checkpoint": StreamCheckpoint(
         "r", "codec.chunks", 5, True, 2, 1200, 1234, 7, 168000, fold_state_json="{}"

@@ -14,13 +14,15 @@ from __future__ import annotations
 import copy
 import os
 import time
-from collections.abc import Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from vllm.v1.request import RequestStatus
+from vllm_omni.core.sched.omni_scheduler_mixin import OmniSchedulerMixin
 from vllm_omni.data_entry_keys import OmniPayloadStruct
 from vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_transfer_adapter import (
     OmniChunkTransferAdapter,
@@ -137,14 +139,22 @@ def talk(
     streams: Mapping[str, list[int]],
     *,
     abort: tuple[str, ...] = (),
+    unfinished: tuple[str, ...] = (),
+    pace_s: float = 0.0,
+    on_step: Callable[[int], None] | None = None,
 ) -> None:
     """The talker's engine loop: one codec id per request per step, interleaved, then the EOS
-    step (the request finished, or aborted for those in `abort`), each step through save_async."""
+    step (the request finished, or aborted for those in `abort`; none for those in `unfinished`,
+    as from a talker that stopped), each step through save_async;
+    `pace_s` between steps (a talker generating in real time, not all at once), `on_step`
+    called with the number of steps done after each."""
     requests = {rid: request(f"talker-{rid}", rid) for rid in streams}
     for step in range(max(len(ids) for ids in streams.values()) + 1):
+        if pace_s:
+            time.sleep(pace_s)
         for rid, ids in streams.items():
             req = requests[rid]
-            if step > len(ids):
+            if step > len(ids) or (step == len(ids) and rid in unfinished):
                 continue
             if step == len(ids):
                 aborted = rid in abort
@@ -157,6 +167,8 @@ def talk(
             req.num_computed_tokens += 1
             output = {"codes.audio": torch.tensor(delta, dtype=torch.long)}
             adapter.save_async(multimodal_output=output, request=req)
+        if on_step is not None:
+            on_step(step + 1)
 
 
 def talk_segments(
@@ -200,19 +212,23 @@ class Code2Wav:
     """The Code2Wav stage's scheduler loop as the chunk adapter sees it.
 
     Each step: `process_pending_chunks` parks the requests that need a chunk (registering their
-    next get) and hands back those whose chunk arrived; each of those runs one step on the chunk
-    (recorded: prompt token ids and the payload's `meta`), its ready mark cleared through
-    `postprocess_scheduler_output`; a request whose input is exhausted finishes through
+    next get) and hands back those whose chunk arrived; the scheduler's own
+    `_process_chunk_receive_failures` (vllm-omni's OmniSchedulerMixin) ends the requests the
+    adapter recorded a receive failure for as FINISHED_ERROR; each request with a chunk runs one
+    step on it (recorded: prompt token ids and the payload's `meta`), its ready mark cleared
+    through `postprocess_scheduler_output`; a request whose input is exhausted finishes through
     `finish_requests`; `restore_queues` returns the parked ones.
     """
 
     def __init__(self, adapter: OmniChunkTransferAdapter) -> None:
         self.adapter = adapter
+        self.chunk_transfer_adapter = adapter  # what the scheduler mixin reads
         self.waiting = _WaitingQueue()
         self.running: list[Any] = []
         self.requests: dict[str, Any] = {}
         self.chunks: dict[str, list[dict[str, Any]]] = {}  # external id -> what each step got
         self.finished: list[str] = []
+        self.failed: list[str] = []  # external ids ended as FINISHED_ERROR
 
     def add(self, external_id: str) -> None:
         req = request(f"code2wav-{external_id}", external_id)
@@ -223,6 +239,7 @@ class Code2Wav:
     def step(self) -> None:
         adapter = self.adapter
         adapter.process_pending_chunks(self.waiting, self.running, scheduler_requests=self.requests)
+        OmniSchedulerMixin._process_chunk_receive_failures(self)  # type: ignore[arg-type]
         scheduled = []
         for req in list(self.waiting):
             if req.request_id in adapter.requests_with_ready_chunks:
@@ -238,13 +255,21 @@ class Code2Wav:
         adapter.restore_queues(self.waiting, self.running, self.requests)
 
     def _finish(self, req: Any) -> None:
-        self.waiting.remove(req)
-        req.status = RequestStatus.FINISHED_STOPPED
-        self.adapter.finish_requests(
-            {req.request_id}, RequestStatus.FINISHED_STOPPED, self.requests
-        )
-        del self.requests[req.request_id]
-        self.finished.append(req.external_req_id)
+        self.finish_requests({req.request_id}, RequestStatus.FINISHED_STOPPED)
+
+    def finish_requests(self, request_ids: Any, status: RequestStatus) -> None:
+        """vLLM's Scheduler.finish_requests, as far as the adapter takes part in it."""
+        for request_id in sorted(request_ids):
+            req = self.requests.get(request_id)
+            if req is None:
+                continue
+            if req in self.waiting:
+                self.waiting.remove(req)
+            req.status = status
+            self.adapter.finish_requests({request_id}, status, self.requests)
+            del self.requests[request_id]
+            ended = self.failed if status == RequestStatus.FINISHED_ERROR else self.finished
+            ended.append(req.external_req_id)
 
     def run(self, timeout_s: float = 120.0) -> None:
         """Step until every request added has finished."""
@@ -273,6 +298,35 @@ def _value(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return ("tensor", str(value.dtype), value.tolist())
     return copy.deepcopy(value)
+
+
+def unique_streams(lengths: Mapping[str, int]) -> dict[str, list[int]]:
+    """Codec ids per request before EOS, under request ids unique to this run."""
+    run = uuid.uuid4().hex[:8]
+    return {
+        f"{name}-{run}": [(n * 37 + i) % 6561 for i in range(count)]
+        for n, (name, count) in enumerate(lengths.items())
+    }
+
+
+def run_edge(
+    deploy: dict[str, Any], streams: Mapping[str, list[int]], abort: tuple[str, ...] = ()
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """Talker and Code2Wav adapters on one deploy config: what each Code2Wav request got, and
+    the receiving connector's health."""
+    talker = talker_adapter(deploy)
+    code2wav = Code2Wav(code2wav_adapter(deploy))
+    try:
+        for rid in streams:
+            code2wav.add(rid)
+        talk(talker, streams, abort=abort)
+        wait_sent(talker)
+        code2wav.run()
+        health = code2wav.adapter.connector.health()
+        return code2wav.chunks, health
+    finally:
+        talker.shutdown()
+        code2wav.adapter.shutdown()
 
 
 def admitting_chunk_stripped(processor: Any, epoch: int = 1) -> Any:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,38 +21,8 @@ from vllm_omni.distributed.omni_connectors.utils.config import ConnectorSpec
 import codeclog
 from codeclog.omni.connector import CodeclogKafkaConnector
 
-
-def _streams(lengths: Mapping[str, int]) -> dict[str, list[int]]:
-    """Codec ids per request before EOS, under request ids unique to this run."""
-    run = uuid.uuid4().hex[:8]
-    return {
-        f"{name}-{run}": [(n * 37 + i) % 6561 for i in range(count)]
-        for n, (name, count) in enumerate(lengths.items())
-    }
-
-
 # The issue's four interleaved requests: 12 chunks of up to 25 new ids (3 of left context each)
 FOUR = {"a": 112, "b": 75, "c": 26, "d": 3}
-
-
-def _run(
-    deploy: dict[str, Any], streams: Mapping[str, list[int]], abort: tuple[str, ...] = ()
-) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
-    """Talker and Code2Wav adapters on one deploy config: what each Code2Wav request got, and
-    the receiving connector's health."""
-    talker = edge.talker_adapter(deploy)
-    code2wav = edge.Code2Wav(edge.code2wav_adapter(deploy))
-    try:
-        for rid in streams:
-            code2wav.add(rid)
-        edge.talk(talker, streams, abort=abort)
-        edge.wait_sent(talker)
-        code2wav.run()
-        health = code2wav.adapter.connector.health()
-        return code2wav.chunks, health
-    finally:
-        talker.shutdown()
-        code2wav.adapter.shutdown()
 
 
 def _kafka(bootstrap: str, topic: str, **more: Any) -> dict[str, Any]:
@@ -97,10 +67,10 @@ def test_codeclog_is_the_installed_package_and_a_real_omni_connector(bootstrap: 
 def test_every_chunk_arrives_once_in_order_equal_to_shared_memory(
     bootstrap: str, new_topic: Callable[[], str], tmp_path: Path
 ) -> None:
-    streams = _streams(FOUR)
-    baseline, _ = _run(SHM, streams)
+    streams = edge.unique_streams(FOUR)
+    baseline, _ = edge.run_edge(SHM, streams)
     topic = new_topic()
-    got, health = _run(_kafka(bootstrap, topic), streams)
+    got, health = edge.run_edge(_kafka(bootstrap, topic), streams)
     assert sum(len(chunks) for chunks in baseline.values()) == 12
     assert got == baseline  # ids, positions and every meta field, nothing SHM leaves out added
     assert health["failures"] == 0 and health["gets"] == 12, health
@@ -117,11 +87,11 @@ def test_every_chunk_arrives_once_in_order_equal_to_shared_memory(
 def test_the_end_marker_of_an_aborted_request_finishes_it_as_shared_memory_does(
     bootstrap: str, new_topic: Callable[[], str], tmp_path: Path
 ) -> None:
-    streams = _streams({"kept": 60, "aborted": 40})
+    streams = edge.unique_streams({"kept": 60, "aborted": 40})
     aborted = next(rid for rid in streams if rid.startswith("aborted"))
-    baseline, _ = _run(SHM, streams, abort=(aborted,))
+    baseline, _ = edge.run_edge(SHM, streams, abort=(aborted,))
     topic = new_topic()
-    got, health = _run(_kafka(bootstrap, topic), streams, abort=(aborted,))
+    got, health = edge.run_edge(_kafka(bootstrap, topic), streams, abort=(aborted,))
     assert got == baseline
     assert got[aborted][-1]["prompt_token_ids"] == []  # the adapter's own end marker, no codes
     assert health["failures"] == 0, health
@@ -132,7 +102,7 @@ def test_the_end_marker_of_an_aborted_request_finishes_it_as_shared_memory_does(
 def test_two_code2wav_replicas_each_get_the_requests_routed_to_them(
     bootstrap: str, new_topic: Callable[[], str]
 ) -> None:
-    streams = _streams({f"s{n}": 30 + n for n in range(8)})  # 16 chunks, 8 requests
+    streams = edge.unique_streams({f"s{n}": 30 + n for n in range(8)})  # 16 chunks, 8 requests
     deploy = _kafka(bootstrap, new_topic(), request_idle_s=3)
     talker = edge.talker_adapter(deploy)
     replicas = [edge.Code2Wav(edge.code2wav_adapter(deploy, replica=n)) for n in (0, 1)]
@@ -172,7 +142,9 @@ def test_receiver_memory_is_bounded_over_1000_requests(
     kept = []
     try:
         for batch in range(10):
-            streams = _streams({f"m{batch}-{n}": 5 for n in range(100)})  # one chunk each
+            streams = edge.unique_streams(
+                {f"m{batch}-{n}": 5 for n in range(100)}
+            )  # one chunk each
             for rid in streams:
                 code2wav.add(rid)
             edge.talk(talker, streams)
