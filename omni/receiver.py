@@ -80,7 +80,12 @@ class Receiver:
                 self.tally.add("failure_terminals")
                 return terminal[0], 0
             entry = self.index.take(key, now)
-        return None if entry is None else (entry.payload, entry.size)
+        if entry is None:
+            return None
+        if entry.terminal:
+            self._write_marks()  # queued now, not at the consumer's next pass: the window in
+            # which a kill leaves a request ended here but not on the ledger is a round trip
+        return entry.payload, entry.size
 
     def take_by(self, key: IndexKey, deadline: float) -> tuple[Any, int] | None:
         """As `take`, waiting until the monotonic `deadline` at most."""
@@ -145,6 +150,7 @@ class Receiver:
                 self._stop.wait(RETRY_S)
         if self._stop.is_set():
             return None
+        self.sender.producer()  # connected before the first mark: a mark waits for nothing
         consumer = Consumer(
             client_settings(
                 self.settings.client,
