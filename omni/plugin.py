@@ -12,6 +12,12 @@ a request (its talker died) fails it through the adapter's own `record_receive_f
 the scheduler ends as FINISHED_ERROR with the reason. Upstream-ready: the adapter would pass
 itself (or that one callback) to its connector where `self.connector` is created, in
 `OmniChunkTransferAdapter.__init__` (chunk_transfer_adapter.py); the plugin then need not wrap it.
+
+Mode 2's return path (`install_return_stage`): where $CODECLOG_RETURN_STAGE names a stage, the
+stage runtime builds codeclog's `AudioRelayClient` for it instead of an engine client (the
+Code2Wav stage's audio then comes from codeclog's audio topic, omni.relay). vllm-omni 0.30 has
+no setting for a stage whose client is not an engine it starts: the plugin wraps
+`StageRuntime._initialize_replica` (engine/stage_runtime.py), the one place clients are built.
 """
 
 from __future__ import annotations
@@ -21,11 +27,15 @@ import functools
 import importlib
 import importlib.metadata
 import logging
+import os
+from collections.abc import Mapping
 from typing import Any
 
 LOGGER = logging.getLogger("codeclog.omni")
 FACTORY_MODULE = "vllm_omni.distributed.omni_connectors.factory"
 ADAPTER_MODULE = "vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_transfer_adapter"
+RUNTIME_MODULE = "vllm_omni.engine.stage_runtime"
+RETURN_STAGE = "CODECLOG_RETURN_STAGE"  # the stage whose client is codeclog's audio relay
 BOUND = "_codeclog_binds_connector"  # set on the adapter class once its __init__ is wrapped
 _registered: set[int] = set()  # ids of the factories we registered with, in this process
 TESTED = ("0.30",)  # vllm-omni release lines the real-package tier runs (tests/vllm_omni_tier/)
@@ -58,6 +68,7 @@ def register() -> bool:
     _registered.add(id(factory))
     LOGGER.info("registered %s with vllm-omni's connector factory", NAME)
     bind_adapters()
+    install_return_stage()
     return True
 
 
@@ -100,4 +111,47 @@ def untested_version() -> str:
         f"codeclog is tested inside vllm-omni {tested}; this is vllm-omni {installed}: "
         "CodeclogKafkaConnector registers, but the adapter it plugs into may differ "
         "(docs/vllm-omni.md)"
+    )
+
+
+def install_return_stage(environ: Mapping[str, str] | None = None) -> bool:
+    """Where $CODECLOG_RETURN_STAGE is set, wrap `StageRuntime._initialize_replica` once so that
+    the stage it names gets codeclog's `AudioRelayClient` (module docstring)."""
+    environ = os.environ if environ is None else environ
+    stage = environ.get(RETURN_STAGE, "").strip()
+    if not stage:
+        return False
+    try:
+        runtime = importlib.import_module(RUNTIME_MODULE).StageRuntime
+    except Exception:
+        return False
+    if getattr(runtime, BOUND, False):
+        return True
+    original = runtime._initialize_replica
+
+    @functools.wraps(original)
+    def _initialize_replica(self: Any, plan: Any, stage_init_timeout: int) -> Any:
+        if str(plan.metadata.stage_id) != stage:
+            return original(self, plan, stage_init_timeout)
+        return relay_for(plan, environ)
+
+    runtime._initialize_replica = _initialize_replica
+    setattr(runtime, BOUND, True)
+    LOGGER.info("stage %s of vllm-omni: codeclog's audio relay (mode 2)", stage)
+    return True
+
+
+def relay_for(plan: Any, environ: Mapping[str, str]) -> Any:
+    """The relay client of one replica of the return stage, from its init plan."""
+    from codeclog.omni.audio_return import ReturnConfig
+    from codeclog.omni.relay import AudioRelayClient
+
+    metadata = plan.metadata
+    return AudioRelayClient(
+        ReturnConfig.from_environment(environ),
+        stage_id=int(metadata.stage_id),
+        replica_id=int(getattr(plan, "replica_id", 0)),
+        engine_input_source=list(metadata.engine_input_source or ()),
+        default_sampling_params=metadata.default_sampling_params,
+        model_stage=metadata.model_stage,
     )

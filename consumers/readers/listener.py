@@ -19,7 +19,8 @@ Isolation (docs/listening.md, "Two copies of every window"):
 Start: by default the listener first scans each partition up to its current end and records,
 per request, the newest epoch and the offset where its records begin; it then reads from there,
 so a listener started mid-stream catches up from the start of each request's current epoch
-(older epochs are skipped). `StartMode.BEGINNING` delivers every epoch on the log.
+(older epochs are skipped). `StartMode.BEGINNING` delivers every epoch on the log, `StartMode.END`
+only what is written after the start (omni.audio_return: requests that start later).
 
 The pure part, `Assembler` (consumers/readers/assembler.py: ordering, de-duplication and the
 memory bounds), takes decoded AudioChunks; `AudioListener` adds Kafka.
@@ -57,6 +58,7 @@ class Isolation(enum.Enum):
 class StartMode(enum.Enum):
     CURRENT_EPOCH = "current-epoch"  # each request from the start of its newest epoch
     BEGINNING = "beginning"  # every epoch on the log
+    END = "end"  # what is written from now on (a reader of requests not started yet)
 
 
 ConsumerFactory = Callable[[dict[str, Any]], Any]
@@ -139,6 +141,8 @@ class AudioListener:
             starts: dict[TP, int] = {}
             if self.start_mode is StartMode.CURRENT_EPOCH:
                 starts = self._scan(places)
+            elif self.start_mode is StartMode.END:
+                starts = {tp: _watermarks(consumer, TopicPartition(*tp))[1] for tp in places}
             self._starts = {tp: starts.get(tp, 0) for tp in places}
             consumer.assign([TopicPartition(t, p, o) for (t, p), o in self._starts.items()])
         except KafkaException as exc:

@@ -35,7 +35,7 @@ def _omni_python() -> Path:
     return python
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_codeclog_inside_the_released_vllm_omni(kafka_bootstrap: str) -> None:
     python = _omni_python()
     install = subprocess.run(
@@ -52,7 +52,7 @@ def test_codeclog_inside_the_released_vllm_omni(kafka_bootstrap: str) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=840,
+        timeout=1440,
     )
     summary = tier.stdout[-6000:] + tier.stderr[-2000:]
     assert tier.returncode == 0, summary
