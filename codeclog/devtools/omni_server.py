@@ -176,15 +176,21 @@ class OmniServer:
 
     def read(self, timeout_s: float) -> list[Any]:
         """The orchestrator's output messages that came within `timeout_s`."""
-        got = []
+        return [message for _at, message in self.read_timed(timeout_s)]
+
+    def read_timed(self, timeout_s: float) -> list[tuple[float, Any]]:
+        """As `read`, each with the wall clock (Unix s) at which it was taken off the queue."""
+        got: list[tuple[float, Any]] = []
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                got.append(self._box["outputs"].sync_q.get(timeout=0.05))
+                message = self._box["outputs"].sync_q.get(timeout=0.05)
             except queue.Empty:
                 if got:
                     break
-        self.messages += got
+                continue
+            got.append((time.time(), message))
+        self.messages += [message for _at, message in got]
         return got
 
     def close(self) -> None:
