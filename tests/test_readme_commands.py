@@ -29,8 +29,35 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci/run").read_text()
     assert re.search(r"^make test$", ci, re.M)
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"^test: setup$", makefile, re.M)
+    assert re.search(r"^test: setup(\s|$)", makefile, re.M)
     assert "pytest" in makefile and "mypy" in makefile and "ruff check" in makefile
+
+
+def test_make_help_lists_every_target_one_line_each() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    phony = re.search(r"^\.PHONY:(.*)$", makefile, re.M)
+    assert phony is not None
+    targets = phony.group(1).split()
+    defined = re.findall(r"^([a-z-]+):", makefile, re.M)
+    assert sorted(defined) == sorted(targets)
+    helped = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True)
+    assert helped.returncode == 0, helped.stderr
+    lines = helped.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == defined
+    assert all(len(line.split()) > 1 for line in lines)  # each says what it does
+
+
+def test_make_demo_installs_only_what_the_demo_needs() -> None:
+    """`make demo` bootstraps the demo target (no vllm-omni environment, browser, qemu,
+    Toxiproxy); `make test` the test target."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^demo: setup-demo(\s|$)", makefile, re.M)
+    assert "bootstrap.sh demo" in makefile and "bootstrap.sh test" in makefile
+    script = (ROOT / "scripts" / "bootstrap.sh").read_text()
+    demo_part = script[: script.index('if [ "$target" = demo ]; then')]
+    demo_part = "\n".join(line for line in demo_part.splitlines() if not line.startswith("#"))
+    for test_only in ("omni-venv", "chromium", "qemu", "toxiproxy", "apt-get", "stepaudio2"):
+        assert test_only not in demo_part.lower(), test_only
 
 
 @pytest.mark.kafka
