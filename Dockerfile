@@ -12,6 +12,10 @@ COPY vocoder ./vocoder
 COPY replay ./replay
 COPY lag ./lag
 COPY omni ./omni
+COPY cli ./cli
+COPY devtools ./devtools
+COPY kafka ./kafka
+COPY testing ./testing
 RUN pip install ".[vocoder,metrics]"
 USER 65534
 ENTRYPOINT []

@@ -1,6 +1,6 @@
 """The Kafka broker's jars: fetched once from Maven Central into a cache dir outside git.
 
-The pom in `codeclog/devtools/kafka_rt/` pins Kafka and its log4j2/SLF4J 1.x binding. Maven's
+The pom in `devtools/kafka_rt/` pins Kafka and its log4j2/SLF4J 1.x binding. Maven's
 dependency plugin copies the runtime classpath into a temp dir that is renamed into place only
 when the copy succeeded, so a half-fetched dir is never used.
 """
@@ -56,7 +56,7 @@ class JarCacheInvalidError(KafkaJarsError):
 
 
 def runtime_file(name: str) -> Path:
-    """A file shipped in codeclog/devtools/kafka_rt (pom.xml, log4j2.properties,
+    """A file shipped in devtools/kafka_rt (pom.xml, log4j2.properties,
     tools-log4j2.properties)."""
     return Path(str(resources.files("codeclog.devtools.kafka_rt").joinpath(name)))
 
