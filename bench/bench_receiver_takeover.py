@@ -96,7 +96,7 @@ def run_talker(spec: dict[str, Any]) -> None:
 
 def run_receiver(spec: dict[str, Any], name: str) -> None:
     from codeclog.omni.connector import CodeclogKafkaConnector
-    from codeclog.omni.receiver import ERROR_KEY
+    from codeclog.omni.failures import ERROR_KEY
 
     connector = CodeclogKafkaConnector(
         {

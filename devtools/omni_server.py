@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from codeclog.omni.relay import StageClientBase, drained
+
 
 def _import(name: str) -> Any:
     return importlib.import_module(name)
@@ -30,15 +32,8 @@ def _import(name: str) -> Any:
 THINKER, TALKER, CODE2WAV = 0, 1, 2
 
 
-class EchoStage:
+class EchoStage(StageClientBase):
     """An LLM stage's engine client that finishes a request when `finish` is called."""
-
-    stage_type = "llm"
-    is_comprehension = False
-    requires_multimodal_data = False
-    prompt_transform_func = None
-    prompt_expand_func = None
-    custom_process_input_func = None
 
     def __init__(self, stage_id: int, final_output: bool, final_output_type: str | None) -> None:
         self.stage_id = stage_id
@@ -55,22 +50,12 @@ class EchoStage:
         self.added.append(request.request_id)
 
     async def get_output_async(self) -> Any:
-        outputs = []
-        while True:
-            try:
-                outputs.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
         engine = _import("vllm_omni.engine")
-        return engine.OmniEngineCoreOutputs(outputs=outputs, timestamp=time.monotonic())
+        return engine.OmniEngineCoreOutputs(
+            outputs=drained(self._queue), timestamp=time.monotonic()
+        )
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
-        return None
-
-    async def collective_rpc_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return {"supported": False}
-
-    def get_payload_sender_info(self) -> None:
         return None
 
     def check_health(self) -> None:

@@ -18,7 +18,8 @@ default), one partition, and the replication `codeclog.kafka.topics.replication_
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -27,6 +28,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from codeclog.kafka.log import client_settings
 from codeclog.kafka.topics import MIN_INSYNC_REPLICAS, replication_for
 from codeclog.omni.index import Ending
+from codeclog.omni.sender import Sender
+from codeclog.omni.settings import ConnectorSettings
+from codeclog.omni.tally import Tally
 from codeclog.schemas import wire
 from codeclog.schemas.records import HandOutEnd, HandOutMark
 
@@ -78,6 +82,53 @@ def decode_mark(value: bytes | None, offset: int, now: float) -> tuple[str, Endi
         mark_offset=offset,
     )
     return mark.consumer_group, ending
+
+
+class MarkWriter:
+    """Writes the marks of one receiver's endings through its producer, without waiting;
+    `on_marked(request, offset)` once the broker acknowledged one."""
+
+    def __init__(
+        self,
+        settings: ConnectorSettings,
+        sender: Sender,
+        tally: Tally,
+        on_marked: Callable[[str, int], None],
+    ) -> None:
+        self.settings = settings
+        self.sender = sender
+        self.tally = tally
+        self.on_marked = on_marked
+        self.topic = ledger_topic(settings.topic)
+
+    def write(self, due: list[Ending]) -> list[Ending]:
+        """Queue the marks of `due`; the endings to queue again (the local queue was full)."""
+        now_ms = time.time_ns() // 1_000_000
+        group = self.settings.group_id
+        again = []
+        for ending in due:
+            value = encode_mark(
+                ending, group, self.settings.topic, self.settings.producer_id, now_ms
+            )
+            rid = ending.request_id
+
+            def delivered(err: Any, msg: Any, rid: str = rid) -> None:
+                self._delivered(rid, err, msg)
+
+            try:
+                self.sender.produce(self.topic, mark_key(group, rid), value, delivered)
+            except BufferError:
+                again.append(ending)
+            except KafkaException as exc:
+                self.tally.failed("mark", rid, str(exc))
+        return again
+
+    def _delivered(self, request: str, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.tally.failed("mark", request, f"{err.name()}: {err.str()}")
+            return
+        self.tally.add("marks")
+        self.on_marked(request, msg.offset())
 
 
 def ensure_ledger(client: Mapping[str, Any], topic: str, timeout_s: float = 15.0) -> str:

@@ -21,22 +21,21 @@ request asked for after it ended. Either is logged and counted by request id in 
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
-import weakref
-from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from codeclog.kafka.log import client_settings
 from codeclog.omni import ledger
+from codeclog.omni.failures import RequestFailures
 from codeclog.omni.index import TIMED_OUT, Entry, HandOutIndex, IndexKey
 from codeclog.omni.payload import PayloadError, decode_payload
 from codeclog.omni.sender import Put, Sender
 from codeclog.omni.settings import ConnectorSettings
+from codeclog.omni.takeover import Takeover
 from codeclog.omni.tally import Tally
 from codeclog.schemas import wire
 
@@ -47,8 +46,6 @@ LAG_EVERY_S = 2.0
 CHECK_EVERY_S = 0.25
 RETRY_S = 2.0
 METADATA_REFRESH_MS = 5000
-FAILED_KEPT = 1000  # requests failed here that health() names, newest first
-ERROR_KEY = "codeclog_error"  # where a failure terminal's meta carries the reason
 
 
 class Receiver:
@@ -65,20 +62,18 @@ class Receiver:
         self._stop = threading.Event()
         self.closed = False
         self.lag: int | None = None
-        self._recovery = _Recovery()
-        self._failed: collections.OrderedDict[str, str] = collections.OrderedDict()
-        self._terminals: dict[IndexKey, tuple[Any, float]] = {}
-        self._adapter: weakref.ref[Any] | None = None
+        self._recovery = Takeover(settings.topic, self.ledger)
+        self.failures = RequestFailures(tally)
+        self.marks = ledger.MarkWriter(settings, sender, tally, self._marked)
 
     # ------------------------------------------------------------------------------ serving
     def take(self, key: IndexKey) -> tuple[Any, int] | None:
         """The payload of `key` and its size, once; None while it is not here."""
         now = time.monotonic()
+        terminal = self.failures.terminal(key)
+        if terminal is not None:
+            return terminal, 0
         with self.cond:
-            terminal = self._terminals.pop(key, None)
-            if terminal is not None:
-                self.tally.add("failure_terminals")
-                return terminal[0], 0
             entry = self.index.take(key, now)
         if entry is None:
             return None
@@ -108,7 +103,7 @@ class Receiver:
     def bind(self, adapter: Any) -> None:
         """The chunk adapter this connector serves: requests fail through its
         `record_receive_failure` (the scheduler ends them as FINISHED_ERROR)."""
-        self._adapter = weakref.ref(adapter)
+        self.failures.bind(adapter)
 
     # ----------------------------------------------------------------------------- consumer
     def start(self) -> None:
@@ -151,22 +146,7 @@ class Receiver:
         if self._stop.is_set():
             return None
         self.sender.producer()  # connected before the first mark: a mark waits for nothing
-        consumer = Consumer(
-            client_settings(
-                self.settings.client,
-                {
-                    "group.id": self.settings.group_id,
-                    "group.instance.id": self.settings.instance_id,
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                    # a chunk topic created after the receiver started is found within this
-                    # (librdkafka's default, 5 minutes, is for topics already known)
-                    "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
-                    "error_cb": self._client_error,
-                },
-            )
-        )
+        consumer = Consumer(group_settings(self.settings, self._client_error))
         consumer.subscribe([self.settings.topic, self.ledger], on_assign=self._on_assign)
         return consumer
 
@@ -185,12 +165,12 @@ class Receiver:
             self._measure_lag(consumer)
             with self.cond:
                 self.index.expire(now)
-                self._drop_stale_terminals(now)
+            self.failures.drop_stale(now, self.settings.idle_s)
             timers["lag"] = now + LAG_EVERY_S
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Resume where this receiver read up to, so a rebalance never re-reads in-process;
-        while it takes over, the chunk partitions wait for the ledger."""
+        while it takes over, the chunk partitions wait for the ledger (omni.takeover)."""
         with self.cond:
             for tp in partitions:
                 if tp.topic == self.ledger:
@@ -200,38 +180,13 @@ class Receiver:
                 if position > 0:
                     tp.offset = position
         consumer.assign(partitions)
-        chunks = [tp for tp in partitions if tp.topic == self.settings.topic]
-        has_ledger = any(tp.topic == self.ledger for tp in partitions)
-        if self._recovery.active and chunks and has_ledger:
-            consumer.pause(chunks)
-            self._recovery.paused = chunks
-            self._recovery.assigned = True
-        elif self._recovery.active and chunks:  # another member holds the ledger: no gate
-            LOGGER.warning("codeclog connector: %s shares its group", self.settings.instance_id)
-            self._recovery.active = False
+        self._recovery.assigned_to(consumer, partitions, self.settings.instance_id)
 
-    # ----------------------------------------------------------------------------- recovery
     def _recover(self, consumer: Any, now: float) -> None:
-        """Until the ledger is read to the end it had when the receiver started."""
-        recovery = self._recovery
-        if not recovery.assigned:
-            return
-        tp = TopicPartition(self.ledger, 0)
-        if recovery.target is None:
-            try:
-                low, high = consumer.get_watermark_offsets(tp, timeout=RETRY_S)
-                (committed,) = consumer.committed([tp], timeout=RETRY_S)
-            except KafkaException:
-                return  # asked again on the next pass
-            recovery.target = high
-            recovery.ledger_read = max(recovery.ledger_read, committed.offset, low)
-            with self.cond:
-                recovery.ledger_end = max(recovery.ledger_end, high)
-        if recovery.ledger_read < recovery.target:
-            return
-        consumer.resume(recovery.paused)
         with self.cond:
-            recovery.active = False
+            done = self._recovery.advance(consumer)
+            if not done:
+                return
             self.index.restart_waits(now)
             restored = self.index.counts["restored_endings"]
         LOGGER.info(
@@ -247,7 +202,7 @@ class Receiver:
             if error.fatal():
                 self.tally.failed("consume", self.settings.topic, error.str())
             elif error.code() != KafkaError._PARTITION_EOF:
-                self._consume_error(error)  # librdkafka retries: e.g. a topic just created
+                retried(self.tally, self.settings.topic, error)  # e.g. a topic just created
             return
         if message.topic() == self.ledger:
             self._on_mark(message.value(), message.offset())
@@ -258,8 +213,7 @@ class Receiver:
     def _on_mark(self, value: bytes | None, offset: int) -> None:
         decoded = ledger.decode_mark(value, offset, time.monotonic())
         with self.cond:
-            self._recovery.ledger_read = max(self._recovery.ledger_read, offset + 1)
-            self._recovery.ledger_end = max(self._recovery.ledger_end, offset + 1)
+            self._recovery.read(offset)
             if decoded is None:
                 return
             group, ending = decoded
@@ -291,14 +245,6 @@ class Receiver:
             self.index.add(key, entry, time.monotonic())  # once only
             self.cond.notify_all()
 
-    def _consume_error(self, error: KafkaError) -> None:
-        """A consumer error librdkafka recovers from by itself: counted and told, once per
-        kind, not a failure (a topic whose metadata has not reached this client yet)."""
-        text = f"{error.name()}: {error.str()}"
-        if self.tally.error(text, "consume_errors"):
-            topic = self.settings.topic
-            LOGGER.warning("codeclog connector consuming %s: %s (retrying)", topic, text)
-
     def _client_error(self, err: KafkaError) -> None:
         self.tally.error(f"{err.name()}: {err.str()}", "client_errors")
 
@@ -307,31 +253,15 @@ class Receiver:
         """Queue the ledger marks of the requests that ended since the last pass."""
         with self.cond:
             due, self.index.marks_due = self.index.marks_due, []
-        now_ms = time.time_ns() // 1_000_000
-        group, topic = self.settings.group_id, self.settings.topic
-        for ending in due:
-            value = ledger.encode_mark(ending, group, topic, self.settings.producer_id, now_ms)
-            rid = ending.request_id
+        again = self.marks.write(due)
+        if again:
+            with self.cond:
+                self.index.marks_due.extend(again)
 
-            def delivered(err: Any, msg: Any, rid: str = rid) -> None:
-                self._marked(rid, err, msg)
-
-            try:
-                self.sender.produce(self.ledger, ledger.mark_key(group, rid), value, delivered)
-            except BufferError:
-                with self.cond:
-                    self.index.marks_due.append(ending)  # the queue is full: next pass
-            except KafkaException as exc:
-                self.tally.failed("mark", rid, str(exc))
-
-    def _marked(self, request: str, err: Any, msg: Any) -> None:
-        if err is not None:
-            self.tally.failed("mark", request, f"{err.name()}: {err.str()}")
-            return
-        self.tally.add("marks")
+    def _marked(self, request: str, offset: int) -> None:
         with self.cond:
-            self.index.marked(request, msg.offset())
-            self._recovery.ledger_end = max(self._recovery.ledger_end, msg.offset() + 1)
+            self.index.marked(request, offset)
+            self._recovery.ledger_end = max(self._recovery.ledger_end, offset + 1)
 
     # ------------------------------------------------------------------------------ commits
     def _commit(self, consumer: Any) -> None:
@@ -349,13 +279,12 @@ class Receiver:
                 self.tally.error(f"commit: {exc}")
 
     def _measure_lag(self, consumer: Any) -> None:
+        """Records of the chunk topic not read yet (librdkafka's cached watermarks)."""
         lag = 0
         try:
             for tp in consumer.assignment():
-                if tp.topic != self.settings.topic:
-                    continue
-                _low, high = consumer.get_watermark_offsets(tp, cached=True)
-                if high >= 0:
+                if tp.topic == self.settings.topic:
+                    _low, high = consumer.get_watermark_offsets(tp, cached=True)
                     lag += max(0, high - self.index.read_position(tp.partition))
         except Exception:
             return
@@ -385,28 +314,7 @@ class Receiver:
                 failing.append((request, key, reason))
                 self.tally.add("asked_after_end")
         for request, key, reason in failing:
-            self._fail(request, key, reason, now)
-
-    def _fail(self, request: str, key: IndexKey | None, reason: str, now: float) -> None:
-        LOGGER.error("codeclog connector: request %s failed: %s", request, reason)
-        with self.cond:
-            self._failed[request] = reason
-            self._failed.move_to_end(request)
-            while len(self._failed) > FAILED_KEPT:
-                self._failed.popitem(last=False)
-        adapter = self._adapter() if self._adapter is not None else None
-        if adapter is not None and _fail_in_adapter(adapter, request, reason):
-            self.tally.add("failed_through_adapter")
-            return
-        if key is not None:
-            with self.cond:
-                self._terminals[key] = (failure_terminal(reason), now)
-                self.cond.notify_all()
-
-    def _drop_stale_terminals(self, now: float) -> None:
-        for key, (_payload, at) in list(self._terminals.items()):
-            if now - at >= self.settings.idle_s:
-                del self._terminals[key]
+            self.failures.fail(request, key, reason, now)
 
     # ---------------------------------------------------------------------------- lifecycle
     def health(self) -> dict[str, Any]:
@@ -420,7 +328,7 @@ class Receiver:
                 "index_requests": self.index.requests,
                 "handed_keys": self.index.handed,
                 "ended_requests": self.index.ended,
-                "failed_requests": dict(self._failed),
+                "failed_requests": self.failures.named(),
                 **dict(self.index.counts),
             }
 
@@ -436,36 +344,28 @@ class Receiver:
             thread.join(timeout=30.0)
 
 
-class _Recovery:
-    """Where the takeover stands: the ledger read up to where it ended when it started."""
-
-    def __init__(self) -> None:
-        self.active = True  # no request is failed, no ledger floor committed, until done
-        self.assigned = False  # the ledger and chunk partitions are this member's
-        self.paused: list[Any] = []  # the chunk partitions, until the ledger is read
-        self.target: int | None = None  # the ledger's end when the takeover began
-        self.ledger_read = 0  # the next ledger offset to read
-        self.ledger_end = 0  # the ledger's end offset as known here
-
-
-def failure_terminal(reason: str) -> dict[str, Any]:
-    """A failed request's last payload, in the shape of the adapter's own end marker."""
-    import torch  # the receiving side hands tensors to vllm-omni anyway
-
-    return {
-        "meta": {
-            "finished": torch.tensor(True),
-            "is_segment_finished": torch.tensor(False),
-            ERROR_KEY: reason,
-        }
-    }
+def group_settings(settings: ConnectorSettings, error_cb: Any) -> dict[str, Any]:
+    """The receiver's consumer: its replica's group, as its static member, read_committed,
+    from the log start when the group has committed nothing."""
+    return client_settings(
+        settings.client,
+        {
+            "group.id": settings.group_id,
+            "group.instance.id": settings.instance_id,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            # a chunk topic created after the receiver started is found within this
+            # (librdkafka's default, 5 minutes, is for topics already known)
+            "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
+            "error_cb": error_cb,
+        },
+    )
 
 
-def _fail_in_adapter(adapter: Any, request: str, reason: str) -> bool:
-    """Fail the adapter's requests of external id `request` (its internal ids); False when
-    it knows none (it never polled the request)."""
-    mapping: Mapping[str, str] = dict(getattr(adapter, "request_ids_mapping", {}) or {})
-    internal = [iid for iid, external in mapping.items() if external == request]
-    for iid in internal:
-        adapter.record_receive_failure(iid, reason)
-    return bool(internal)
+def retried(tally: Tally, topic: str, error: KafkaError) -> None:
+    """A consumer error librdkafka recovers from by itself: counted and told, once per kind,
+    not a failure (a topic whose metadata has not reached this client yet)."""
+    text = f"{error.name()}: {error.str()}"
+    if tally.error(text, "consume_errors"):
+        LOGGER.warning("codeclog connector consuming %s: %s (retrying)", topic, text)

@@ -37,8 +37,9 @@ LOGGER = logging.getLogger("codeclog.omni")
 PCM_SCALE = 32768.0  # int16 -> float32 and back, exactly (every int16 / 2**15 is a float32)
 
 
-class AudioRelayClient:
-    """A Code2Wav stage client whose audio comes from codeclog (module docstring)."""
+class StageClientBase:
+    """What vllm-omni's orchestrator reads of an LLM stage's client that no engine backs:
+    no prompt transforms, no inputs to process, no KV or payload sender, no RPCs."""
 
     stage_type = "llm"
     is_comprehension = False
@@ -46,6 +47,31 @@ class AudioRelayClient:
     prompt_transform_func = None
     prompt_expand_func = None
     custom_process_input_func = None
+
+    async def collective_rpc_async(
+        self,
+        method: str,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return {"supported": False, "method": method}
+
+    def set_engine_outputs(self, engine_outputs: Any) -> None:
+        return None
+
+    def process_engine_inputs(self, source_outputs: list[Any], prompt: Any = None, **_: Any) -> Any:
+        return []
+
+    def get_kv_sender_info(self, **_: Any) -> dict[str, Any] | None:
+        return None
+
+    def get_payload_sender_info(self) -> dict[str, Any] | None:
+        return None
+
+
+class AudioRelayClient(StageClientBase):
+    """A Code2Wav stage client whose audio comes from codeclog (module docstring)."""
 
     def __init__(
         self,
@@ -83,39 +109,12 @@ class AudioRelayClient:
         self.added.append(internal)
 
     async def get_output_async(self) -> Any:
-        outputs = []
-        while True:
-            try:
-                outputs.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return self._outputs_type(outputs=outputs, timestamp=time.monotonic())
+        return self._outputs_type(outputs=drained(self._queue), timestamp=time.monotonic())
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             self.audio.unregister(str(request_id))
             self.aborted.append(str(request_id))
-
-    async def collective_rpc_async(
-        self,
-        method: str,
-        timeout: float | None = None,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        return {"supported": False, "method": method}
-
-    def set_engine_outputs(self, engine_outputs: Any) -> None:
-        return None
-
-    def process_engine_inputs(self, source_outputs: list[Any], prompt: Any = None, **_: Any) -> Any:
-        return []
-
-    def get_kv_sender_info(self, **_: Any) -> dict[str, Any] | None:
-        return None
-
-    def get_payload_sender_info(self) -> dict[str, Any] | None:
-        return None
 
     def check_health(self) -> None:
         if not self.audio.running:
@@ -144,6 +143,16 @@ class AudioRelayClient:
             multimodal_output=window_output(event),
             finish_reason=self._stop if event.final else None,
         )
+
+
+def drained(outputs: queue.Queue[Any]) -> list[Any]:
+    """What waits in `outputs`, taken without blocking: one poll's engine outputs."""
+    taken = []
+    while True:
+        try:
+            taken.append(outputs.get_nowait())
+        except queue.Empty:
+            return taken
 
 
 def window_output(window: Window) -> dict[str, Any]:

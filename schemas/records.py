@@ -152,14 +152,6 @@ class StreamCheckpoint:
     determinism_domain: str = ""  # the decoding member's vocoder.domain; "" = unknown (v1)
 
 
-class HandOutEnd(enum.Enum):
-    """Why a request ended at a vllm-omni connector receiver (omni.index)."""
-
-    FINISHED = "finished"
-    TIMED_OUT = "timed_out"
-    CLEANUP = "cleanup"
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class HandOutMark:
     """The end of one request at a connector receiver, on the edge's hand-out ledger."""
@@ -172,6 +164,14 @@ class HandOutMark:
     reason: HandOutEnd
     produced_at_ms: int = 0
     producer_id: str = ""
+
+
+class HandOutEnd(enum.Enum):
+    """Why a request ended at a vllm-omni connector receiver (omni.index)."""
+
+    FINISHED = "finished"
+    TIMED_OUT = "timed_out"
+    CLEANUP = "cleanup"
 
 
 def to_dict(record: Any) -> dict[str, Any]:

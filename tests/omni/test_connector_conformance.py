@@ -12,8 +12,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.devtools.broker import pick_free_port
 from codeclog.omni.connector import CodeclogKafkaConnector
+from codeclog.omni.failures import ERROR_KEY
 from codeclog.omni.minicpmo import minicpmo_payload
-from codeclog.omni.receiver import ERROR_KEY
 from codeclog.testing.upstream_streams import preroll_window
 from tests.omni.equality import payload_equal
 
