@@ -1,7 +1,7 @@
 """Consumer-lag status rules: a pure evaluator over a sliding window of samples per partition.
 
 Modelled on LinkedIn Burrow's evaluator (`core/internal/evaluator/caching.go`), with two fixes
-for its best-known caveats (kafka.md C.1, C.8):
+for its best-known caveats:
 
 * Burrow stores one window entry per *commit*, so a stopped group's lag freezes at its last
   commit. Here a window entry is an *observation* (`Sample`) taken by the monitor on its own

@@ -1,11 +1,11 @@
 """The capture file: an Avro object container file (OCF) with one record per Kafka record.
 
-Layout (kafka.md E.7/E.8): magic `Obj\\x01`, a metadata map (the Avro schema and codec plus the
-`capture.*`, `codeclog.*`, `kafka.*` and `client.*` keys of `CaptureMetadata`), a sync marker,
-then deflate blocks. Each record keeps the value bytes exactly as consumed, so a replay decodes
-what the live consumer decoded, and the position (partition, offset) exactly as observed: offsets
-on a transactional topic are not contiguous (commit markers, aborted records), so nothing here
-assumes they are.
+Layout (the Avro specification's object container files): magic `Obj\\x01`, a metadata map (the
+Avro schema and codec plus the `capture.*`, `codeclog.*`, `kafka.*` and `client.*` keys of
+`CaptureMetadata`), a sync marker, then deflate blocks. Each record keeps the value bytes exactly
+as consumed, so a replay decodes what the live consumer decoded, and the position (partition,
+offset) exactly as observed: offsets on a transactional topic are not contiguous (commit markers,
+aborted records), so nothing here assumes they are.
 
 The writer ends a block on every `flush()`; since every block ends with the sync marker, a capture
 that crashed stays readable up to its last flushed block (`CaptureReader.truncated` tells). A

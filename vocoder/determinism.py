@@ -1,5 +1,5 @@
 """Determinism of the vocoder: seeds derived from stream identity, and the torch settings that
-make a decode repeatable (token2wav.md section 4.4).
+make a decode repeatable (docs/determinism.md).
 
 Seeds: every random draw of the vocoder comes from a generator seeded here, never from the
 global RNG. `stream_seed` is a pure function of (request id, cache epoch), stable across
