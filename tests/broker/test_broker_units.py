@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codeclog.cli import main
-from codeclog.cli.commands.broker import format_status
+from codeclog.cli.broker_tables import format_status
 from codeclog.devtools.broker import (
     BrokerError,
     BrokerPorts,

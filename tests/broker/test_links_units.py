@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from codeclog.cli import main
-from codeclog.cli.commands.broker import format_links_status
+from codeclog.cli.broker_tables import format_links_status
 from codeclog.devtools.cluster import (
     ClusterLayout,
     LinksStatus,
