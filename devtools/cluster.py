@@ -38,26 +38,33 @@ from typing import Any
 
 from codeclog.devtools import security
 from codeclog.devtools.broker import (
-    HOST,
-    KILL_WAIT_S,
-    POLL_INTERVAL_S,
-    BrokerError,
-    BrokerPorts,
     BrokerSettings,
     BrokerState,
     BrokerStatus,
     BrokerStatusKind,
     LocalBroker,
     StopResult,
-    file_lock,
+)
+from codeclog.devtools.broker_config import (
+    BrokerPorts,
     new_cluster_id,
     node_settings,
-    pick_free_port,
-    pid_runs_broker,
     plaintext_listeners,
-    port_is_free,
-    resolve_java,
 )
+from codeclog.devtools.broker_errors import ClusterError, ClusterSizeError
+from codeclog.devtools.host import (
+    HOST,
+    KILL_WAIT_S,
+    file_lock,
+    kill_quietly,
+    pick_free_port,
+    port_is_free,
+    process_is_stopped,
+    send_signal,
+    wait_gone,
+    write_atomically,
+)
+from codeclog.devtools.jvm import resolve_java
 from codeclog.devtools.links import (
     HEAL,
     LINKS,
@@ -72,7 +79,6 @@ from codeclog.devtools.links import (
     find_server,
     listener_properties,
 )
-from codeclog.errors import UsageError
 from codeclog.kafka.topics import replication_for
 from codeclog.user_files import make_folder
 
@@ -95,14 +101,6 @@ Progress = Callable[[str], None]
 
 def _quiet(_message: str) -> None:
     return None
-
-
-class ClusterError(BrokerError):
-    """The local cluster could not be started, stopped, inspected or faulted."""
-
-
-class ClusterSizeError(ClusterError, UsageError):
-    """--nodes out of range: a bad option (exit 2)."""
 
 
 # ----------------------------------------------------------------------------- layout
@@ -364,16 +362,6 @@ class LinksStatus:
     problems: tuple[str, ...]
 
 
-def process_is_stopped(pid: int) -> bool:
-    """True when the process is in the stopped state (SIGSTOP), from /proc/<pid>/stat."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # "pid (comm) S ...": the comm may hold spaces or parentheses; the state follows the last ')'
-    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] in ("T", "t")
-
-
 # ----------------------------------------------------------------------------- the cluster
 
 
@@ -479,9 +467,7 @@ class LocalCluster:
                 progress(f"node {node.node_id}: ready on {HOST}:{node.ports.broker_port}")
         except BaseException:
             for _node, process in spawned:
-                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                    process.kill()
-                    process.wait(timeout=KILL_WAIT_S)
+                kill_quietly(process)
             raise
         return layout
 
@@ -510,8 +496,8 @@ class LocalCluster:
                 pid = self.node(node_id).running_pid()
                 if pid is not None:
                     pids[node_id] = pid
-                    _signal(pid, signal.SIGCONT)  # a paused JVM cannot act on SIGTERM
-                    _signal(pid, signal.SIGTERM)
+                    send_signal(pid, signal.SIGCONT)  # a paused JVM cannot act on SIGTERM
+                    send_signal(pid, signal.SIGTERM)
             if pids:
                 progress(f"stopping nodes {', '.join(map(str, pids))} (SIGTERM)")
             deadline = started + self.settings.stop_timeout_s
@@ -523,11 +509,11 @@ class LocalCluster:
                     node._clear_state()
                     results[node_id] = StopResult(False, False, 0.0, None)
                     continue
-                exited = _wait_gone(pid, node.properties_path, deadline)
+                exited = wait_gone(pid, node.properties_path, deadline)
                 if not exited:
                     progress(f"node {node_id} ignored SIGTERM; killing it")
-                    _signal(pid, signal.SIGKILL)
-                    _wait_gone(pid, node.properties_path, time.monotonic() + KILL_WAIT_S)
+                    send_signal(pid, signal.SIGKILL)
+                    wait_gone(pid, node.properties_path, time.monotonic() + KILL_WAIT_S)
                 node._clear_state()
                 results[node_id] = StopResult(True, not exited, time.monotonic() - started, None)
             if layout.faultable:
@@ -608,9 +594,9 @@ class LocalCluster:
         so `status` says crashed until `restart`."""
         node, pid = self._running_node(node_id, "kill")
         with self._locked():
-            _signal(pid, signal.SIGCONT)
-            _signal(pid, signal.SIGKILL)
-            if not _wait_gone(pid, node.properties_path, time.monotonic() + KILL_WAIT_S):
+            send_signal(pid, signal.SIGCONT)
+            send_signal(pid, signal.SIGKILL)
+            if not wait_gone(pid, node.properties_path, time.monotonic() + KILL_WAIT_S):
                 raise ClusterError(f"node {node_id} (pid {pid}) survived SIGKILL")
         progress(f"node {node_id} killed (SIGKILL to pid {pid})")
         return pid
@@ -618,13 +604,13 @@ class LocalCluster:
     def pause(self, node_id: int, progress: Progress = _quiet) -> int:
         """SIGSTOP the node's JVM: it holds its sockets but answers nothing, like a long GC."""
         _node, pid = self._running_node(node_id, "pause")
-        _signal(pid, signal.SIGSTOP)
+        send_signal(pid, signal.SIGSTOP)
         progress(f"node {node_id} paused (SIGSTOP to pid {pid}); `resume --node {node_id}`")
         return pid
 
     def resume(self, node_id: int, progress: Progress = _quiet) -> int:
         _node, pid = self._running_node(node_id, "resume")
-        _signal(pid, signal.SIGCONT)
+        send_signal(pid, signal.SIGCONT)
         progress(f"node {node_id} resumed (SIGCONT to pid {pid})")
         return pid
 
@@ -634,7 +620,7 @@ class LocalCluster:
         with self._locked():
             pid = node.running_pid()
             if pid is not None:
-                _signal(pid, signal.SIGCONT)
+                send_signal(pid, signal.SIGCONT)
                 progress(f"node {node_id}: stopping (pid {pid})")
                 node.stop()
             progress(f"node {node_id}: starting")
@@ -676,9 +662,7 @@ class LocalCluster:
             nodes, new_cluster_id(self._random_bytes), faultable=self.requested_faultable
         )
         progress(f"new {nodes}-node cluster {layout.cluster_id} in {self.data_dir}")
-        temp = self.layout_path.with_name(CLUSTER_FILE + ".tmp")
-        temp.write_text(layout.to_json())
-        temp.replace(self.layout_path)
+        write_atomically(self.layout_path, layout.to_json())
         self._nodes.clear()
         return layout
 
@@ -702,19 +686,6 @@ def cluster_bootstrap(data_dir: Path) -> str | None:
         if s.kind in (NodeStatusKind.RUNNING, NodeStatusKind.PAUSED)
     ]
     return ",".join(running) or None
-
-
-def _signal(pid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signum)
-
-
-def _wait_gone(pid: int, properties_path: Path, deadline: float) -> bool:
-    while pid_runs_broker(pid, properties_path):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL_INTERVAL_S)
-    return True
 
 
 __all__ = [

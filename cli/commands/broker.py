@@ -24,12 +24,12 @@ from codeclog.devtools.broker import (
     BrokerStatusKind,
     LocalBroker,
 )
+from codeclog.devtools.broker_errors import ClusterError
 from codeclog.devtools.cluster import (
     CLUSTER_START_TIMEOUT_S,
     NODE_HEAP_MAX_MB,
     NODE_HEAP_MIN_MB,
     NODE_RSS_NOTE,
-    ClusterError,
     LocalCluster,
     NodeStatusKind,
 )

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from codeclog.cli import main
-from codeclog.devtools.broker import BrokerSettings, tcp_accepts
+from codeclog.devtools.broker import BrokerSettings
 from codeclog.devtools.cluster import ClusterLayout, LocalCluster
+from codeclog.devtools.host import tcp_accepts
 from codeclog.devtools.links import Toxiproxy
 
 

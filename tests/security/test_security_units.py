@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.devtools.broker import BrokerPorts, parse_listener_ports, render_server_properties
+from codeclog.devtools.broker_config import (
+    BrokerPorts,
+    parse_listener_ports,
+    render_server_properties,
+)
 from codeclog.devtools.security import (
     Credentials,
     UnknownSecurityError,
