@@ -193,8 +193,8 @@ def metadata_lists_broker(
 class LocalBroker:
     """One broker for one data dir. Lifecycle: configure (validate), start, stop; status.
 
-    A node of a LocalCluster (codeclog.devtools.cluster) is a subclass that overrides the `_node_*`
-    hooks: its node id, fixed ports, properties and format mode.
+    A node of a LocalCluster (codeclog.devtools.cluster_nodes.ClusterNode) is a subclass that
+    overrides the `_node_*` hooks: its node id, fixed ports, properties and format mode.
     """
 
     node_id: int = NODE_ID

@@ -10,13 +10,8 @@ import pytest
 from codeclog.cli import main
 from codeclog.devtools.broker_config import BrokerPorts
 from codeclog.devtools.broker_errors import ClusterError
-from codeclog.devtools.cluster import (
-    ClusterLayout,
-    LocalCluster,
-    NodeStatusKind,
-    local_bootstrap,
-    render_cluster_properties,
-)
+from codeclog.devtools.cluster import LocalCluster, NodeStatusKind, local_bootstrap
+from codeclog.devtools.cluster_layout import ClusterLayout, render_cluster_properties
 from codeclog.devtools.host import process_is_stopped
 
 

@@ -123,7 +123,8 @@ def test_a_secured_cluster_node_keeps_its_quorum_and_shares_one_set_of_material(
     tmp_path: Path,
 ) -> None:
     from codeclog.devtools.broker import BrokerSettings
-    from codeclog.devtools.cluster import ClusterLayout, ClusterNode, render_cluster_properties
+    from codeclog.devtools.cluster_layout import ClusterLayout, render_cluster_properties
+    from codeclog.devtools.cluster_nodes import ClusterNode
 
     ports = (BrokerPorts(1001, 2001), BrokerPorts(1002, 2002), BrokerPorts(1003, 2003))
     layout = ClusterLayout("abc", ports)
