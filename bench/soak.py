@@ -52,10 +52,11 @@ from types import FrameType
 from typing import Any
 
 from codeclog.devtools.audit import audit
-from codeclog.devtools.broker import BrokerSettings, parent_death_hook, pick_free_port
+from codeclog.devtools.broker import BrokerSettings
 from codeclog.devtools.cluster import LocalCluster
 from codeclog.devtools.fault_actions import FAULTS, FaultContext, SkewedClock, with_nodes_up
 from codeclog.devtools.faults import check_history, inject
+from codeclog.devtools.host import parent_death_hook, pick_free_port
 from codeclog.devtools.links import LinkUsageError
 from codeclog.devtools.members import READY_LINE, Members, child_env, wait_group_drained
 from codeclog.devtools.network_faults import NETWORK_FAULTS, faketime_env

@@ -19,44 +19,43 @@ every node); the role files name every node.
 
 `kill`, `pause` and `resume` send SIGKILL, SIGSTOP and SIGCONT to one node's JVM (fault drills);
 `restart` stops it (SIGTERM) if it runs and starts it again with the same ports and data.
+
+Beside it in codeclog.devtools: what cluster.json holds and each node's server.properties
+(`cluster_layout`), one node and the phased start and joint stop of several (`cluster_nodes`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import enum
-import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from codeclog.devtools import security
 from codeclog.devtools.broker import (
-    HOST,
-    KILL_WAIT_S,
-    POLL_INTERVAL_S,
-    BrokerError,
-    BrokerPorts,
     BrokerSettings,
     BrokerState,
     BrokerStatus,
     BrokerStatusKind,
     LocalBroker,
     StopResult,
+)
+from codeclog.devtools.broker_config import BrokerPorts, new_cluster_id
+from codeclog.devtools.broker_errors import ClusterError, ClusterSizeError
+from codeclog.devtools.cluster_layout import ClusterLayout
+from codeclog.devtools.cluster_nodes import ClusterNode, start_nodes, stop_nodes
+from codeclog.devtools.host import (
+    HOST,
+    KILL_WAIT_S,
     file_lock,
-    new_cluster_id,
-    node_settings,
-    pick_free_port,
-    pid_runs_broker,
-    plaintext_listeners,
-    port_is_free,
-    resolve_java,
+    process_is_stopped,
+    send_signal,
+    wait_gone,
+    write_atomically,
 )
 from codeclog.devtools.links import (
     HEAL,
@@ -65,15 +64,11 @@ from codeclog.devtools.links import (
     Fault,
     LinkError,
     LinkUsageError,
-    NodeLinks,
     Toxiproxy,
     apply,
     describe_toxic,
     find_server,
-    listener_properties,
 )
-from codeclog.errors import UsageError
-from codeclog.kafka.topics import replication_for
 from codeclog.user_files import make_folder
 
 CLUSTER_FILE = "cluster.json"
@@ -84,9 +79,6 @@ MAX_NODES = 9
 NODE_HEAP_MIN_MB = 128
 NODE_HEAP_MAX_MB = 512
 NODE_RSS_NOTE = "about 180 MB resident per node after start, at most about 0.7 GB, 2 GB for three"
-# Internal topics: few partitions keep a 2-core box responsive; more than one so that the
-# group and transaction coordinators of different ids can sit on different nodes.
-INTERNAL_PARTITIONS = 3
 # `broker start --timeout-s` for a cluster: its JVMs share the cores (one broker: 60 s)
 CLUSTER_START_TIMEOUT_S = 120.0
 
@@ -97,246 +89,7 @@ def _quiet(_message: str) -> None:
     return None
 
 
-class ClusterError(BrokerError):
-    """The local cluster could not be started, stopped, inspected or faulted."""
-
-
-class ClusterSizeError(ClusterError, UsageError):
-    """--nodes out of range: a bad option (exit 2)."""
-
-
-# ----------------------------------------------------------------------------- layout
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterLayout:
-    """What cluster.json holds: fixed for the life of the data dir. A faultable cluster's
-    `ports` are its proxies' (clients and controller): the addresses every client and node
-    uses; `links` hold each node's proxies and real ports (codeclog.devtools.links)."""
-
-    cluster_id: str
-    ports: tuple[BrokerPorts, ...]  # ports[i] belongs to node i + 1
-    links: tuple[NodeLinks, ...] = ()  # faultable only
-    toxiproxy_api: int = 0  # faultable only: the Toxiproxy API port
-
-    @property
-    def faultable(self) -> bool:
-        return bool(self.links)
-
-    def node_links(self, node_id: int) -> NodeLinks:
-        if not self.faultable:
-            raise LinkUsageError(
-                "this cluster was not started faultable: its links cannot fail (start a new one "
-                "with `codeclog broker start --nodes 3 --faultable --data-dir DIR`)"
-            )
-        if node_id not in self.node_ids:
-            raise LinkUsageError(f"the cluster has nodes 1..{self.nodes}, not node {node_id}")
-        return self.links[node_id - 1]
-
-    def link_bootstrap(self, link: str) -> str:
-        """The bootstrap of a client link ("clients": the cluster's; "member", "talker")."""
-        if link == "clients" or not self.faultable:
-            return self.bootstrap
-        listener = {"member": "MEMBER", "talker": "TALKER"}[link]
-        return ",".join(f"{HOST}:{n.advertised(listener)}" for n in self.links)
-
-    @property
-    def nodes(self) -> int:
-        return len(self.ports)
-
-    @property
-    def node_ids(self) -> range:
-        return range(1, self.nodes + 1)
-
-    def node_ports(self, node_id: int) -> BrokerPorts:
-        return self.ports[node_id - 1]
-
-    @property
-    def voters(self) -> str:
-        return ",".join(
-            f"{node}@{HOST}:{self.node_ports(node).controller_port}" for node in self.node_ids
-        )
-
-    @property
-    def bootstrap(self) -> str:
-        return ",".join(f"{HOST}:{ports.broker_port}" for ports in self.ports)
-
-    def to_json(self) -> str:
-        raw: dict[str, Any] = {
-            "cluster_id": self.cluster_id,
-            "nodes": [
-                {
-                    "node_id": node,
-                    "broker_port": p.broker_port,
-                    "controller_port": p.controller_port,
-                }
-                for node, p in zip(self.node_ids, self.ports, strict=True)
-            ],
-        }
-        if self.faultable:
-            raw["faultable"] = {
-                "toxiproxy_api": self.toxiproxy_api,
-                "links": {str(n.node_id): n.to_json() for n in self.links},
-            }
-        return json.dumps(raw, indent=2, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> ClusterLayout:
-        raw: Any = json.loads(text)
-        nodes = sorted(raw["nodes"], key=lambda node: int(node["node_id"]))
-        if [int(node["node_id"]) for node in nodes] != list(range(1, len(nodes) + 1)):
-            raise ValueError("node ids must be 1..N")
-        ports = tuple(
-            BrokerPorts(int(node["broker_port"]), int(node["controller_port"])) for node in nodes
-        )
-        faultable = raw.get("faultable")
-        if not faultable:
-            return cls(str(raw["cluster_id"]), ports)
-        links = tuple(
-            NodeLinks.from_json(n, faultable["links"][str(n)]) for n in range(1, len(ports) + 1)
-        )
-        return cls(str(raw["cluster_id"]), ports, links, int(faultable["toxiproxy_api"]))
-
-    @classmethod
-    def fresh(
-        cls,
-        nodes: int,
-        cluster_id: str,
-        pick: Callable[[], int] = pick_free_port,
-        faultable: bool = False,
-    ) -> ClusterLayout:
-        taken: set[int] = set()
-
-        def distinct() -> int:
-            while (port := pick()) in taken:
-                pass
-            taken.add(port)
-            return port
-
-        if not faultable:
-            ports = tuple(BrokerPorts(distinct(), distinct()) for _ in range(nodes))
-            return cls(cluster_id, ports)
-        links = tuple(
-            NodeLinks(node, {name: (distinct(), distinct()) for name in LISTENERS})
-            for node in range(1, nodes + 1)
-        )
-        ports = tuple(
-            BrokerPorts(n.advertised("CLIENTS"), n.advertised("CONTROLLER")) for n in links
-        )
-        return cls(cluster_id, ports, links, distinct())
-
-
-def render_cluster_properties(
-    layout: ClusterLayout, node_id: int, log_dirs: Path, secured: dict[str, str] | None = None
-) -> str:
-    """server.properties for node `node_id` of the cluster (static controller quorum).
-    `secured` (codeclog.devtools.security.server_security_properties) replaces the listeners."""
-    ports = layout.node_ports(node_id)
-    replication, min_isr = replication_for(layout.nodes)
-    props = {
-        "process.roles": "broker,controller",
-        "node.id": str(node_id),
-        # Static voters, formatted without --standalone: every node knows the whole quorum,
-        # so the ports must never change (they live in cluster.json).
-        "controller.quorum.voters": layout.voters,
-        **(
-            listener_properties(layout.node_links(node_id))
-            if layout.faultable
-            else plaintext_listeners(ports)
-        ),
-        "log.dirs": str(log_dirs),
-        **node_settings(replication, min_isr, INTERNAL_PARTITIONS),
-        "unclean.leader.election.enable": "false",
-        "num.replica.fetchers": "1",
-        **(secured or {}),
-    }
-    lines = ["# written by codeclog at every start of this node; edits are overwritten"]
-    lines += [f"{key}={value}" for key, value in props.items()]
-    return "\n".join(lines) + "\n"
-
-
-# ----------------------------------------------------------------------------- one node
-
-
-class ClusterNode(LocalBroker):
-    """A LocalBroker whose id, ports, properties and cluster id come from the cluster layout."""
-
-    port_attempts = 1  # the ports are the quorum's: never re-picked
-
-    def __init__(
-        self, data_dir: Path, settings: BrokerSettings, node_id: int, layout: ClusterLayout
-    ) -> None:
-        super().__init__(data_dir, settings)
-        self.node_id = node_id
-        self.layout = layout
-
-    @property
-    def ports(self) -> BrokerPorts:
-        return self.layout.node_ports(self.node_id)
-
-    def _node_ports(self, previous: BrokerPorts | None) -> BrokerPorts:
-        # a faultable node binds its real ports; Toxiproxy holds the advertised ones
-        bound = (
-            [self.layout.node_links(self.node_id).real(name) for name in LISTENERS]
-            if self.layout.faultable
-            else [self.ports.broker_port, self.ports.controller_port]
-        )
-        for port in bound:
-            if not port_is_free(port):
-                raise ClusterError(
-                    f"port {port} of node {self.node_id} is taken by another process; the "
-                    f"cluster's ports are fixed (its controller quorum): free it, or delete "
-                    f"{self.data_dir.parent} and start a new cluster"
-                )
-        return self.ports
-
-    def _node_properties(self, ports: BrokerPorts) -> str:
-        secured = self._secured_properties(ports)
-        return render_cluster_properties(self.layout, self.node_id, self.log_dirs, secured)
-
-    @property
-    def security_files(self) -> security.SecurityFiles:
-        # One set for the whole cluster, in its root: one CA, one broker key (its SAN is
-        # 127.0.0.1, every node's address; the controllers' mutual TLS admits every node by
-        # it) and one set of SCRAM users, formatted into every node's bootstrap metadata.
-        return security.security_files(self.data_dir.parent)
-
-    def _security_state(self, bootstrap: str) -> dict[str, Any]:
-        # the role files name every node, whichever node (re)started last
-        return super()._security_state(self.layout.bootstrap)
-
-    def prepare_security(self, java: str, progress: Progress) -> None:
-        self._prepare_security(java, progress)
-
-    def _node_format_args(self) -> list[str]:
-        return []  # static controller.quorum.voters: no --standalone
-
-    def _node_cluster_id(self) -> str:
-        return self.layout.cluster_id
-
-    # phased start: spawn every node first, then wait for each ---------------------------
-    def prepare(self, java: str, libs_dir: Path, progress: Progress) -> None:
-        """Check the ports, write server.properties, format the log dir once."""
-        self.configure()
-        self._make_data_dir()
-        ports = self._node_ports(None)
-        self.properties_path.write_text(self._node_properties(ports))
-        self._format_if_needed(java, libs_dir, progress)
-
-    def spawn(self, java: str, libs_dir: Path, progress: Progress) -> subprocess.Popen[bytes]:
-        # From the caller's thread: with die_with_parent the kernel signals the JVM when the
-        # *thread* that forked it ends, so never spawn from a short-lived worker thread.
-        process = self._spawn(java, libs_dir)
-        progress(f"node {self.node_id}: JVM started (pid {process.pid})")
-        return process
-
-    def await_started(self, process: subprocess.Popen[bytes], deadline: float) -> BrokerState:
-        """Wait until the node serves requests, at most until `deadline` (time.monotonic)."""
-        return self._await_started(process, self.ports, self.layout.cluster_id, deadline)
-
-    def running_pid(self) -> int | None:
-        state = self._running_state()
-        return state.pid if state is not None else None
+# ----------------------------------------------------------------------------- status
 
 
 class NodeStatusKind(enum.Enum):
@@ -362,16 +115,6 @@ class LinksStatus:
     pid: int | None
     api: str
     problems: tuple[str, ...]
-
-
-def process_is_stopped(pid: int) -> bool:
-    """True when the process is in the stopped state (SIGSTOP), from /proc/<pid>/stat."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # "pid (comm) S ...": the comm may hold spaces or parentheses; the state follows the last ')'
-    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] in ("T", "t")
 
 
 # ----------------------------------------------------------------------------- the cluster
@@ -459,30 +202,7 @@ class LocalCluster:
         if not pending:
             progress(f"all {layout.nodes} nodes already run")
             return layout
-        java = resolve_java(self.settings.java)
-        for node in pending:  # one after another: the first makes the material, the rest read it
-            node.prepare_security(java, progress)
-        libs_dir = self.settings.fetcher.ensure(progress)
-        # Formatting is a JVM each: run them side by side, before any broker competes.
-        with concurrent.futures.ThreadPoolExecutor(len(pending)) as pool:
-            for done in [pool.submit(n.prepare, java, libs_dir, progress) for n in pending]:
-                done.result()
-        spawned: list[tuple[ClusterNode, subprocess.Popen[bytes]]] = []
-        try:
-            for node in pending:
-                spawned.append((node, node.spawn(java, libs_dir, progress)))
-            progress("waiting until every node serves requests (a quorum must form first)")
-            # one deadline for the whole cluster: --timeout-s is what the user waits at most
-            deadline = time.monotonic() + self.settings.start_timeout_s
-            for node, process in spawned:
-                node.await_started(process, deadline)
-                progress(f"node {node.node_id}: ready on {HOST}:{node.ports.broker_port}")
-        except BaseException:
-            for _node, process in spawned:
-                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                    process.kill()
-                    process.wait(timeout=KILL_WAIT_S)
-            raise
+        start_nodes(pending, self.settings, progress)
         return layout
 
     def role_configs(self) -> dict[str, Path]:
@@ -504,32 +224,8 @@ class LocalCluster:
             return {}
         with self._locked():
             layout = self.layout()
-            started = time.monotonic()
-            pids: dict[int, int] = {}
-            for node_id in layout.node_ids:
-                pid = self.node(node_id).running_pid()
-                if pid is not None:
-                    pids[node_id] = pid
-                    _signal(pid, signal.SIGCONT)  # a paused JVM cannot act on SIGTERM
-                    _signal(pid, signal.SIGTERM)
-            if pids:
-                progress(f"stopping nodes {', '.join(map(str, pids))} (SIGTERM)")
-            deadline = started + self.settings.stop_timeout_s
-            results: dict[int, StopResult] = {}
-            for node_id in layout.node_ids:
-                node = self.node(node_id)
-                pid = pids.get(node_id)
-                if pid is None:
-                    node._clear_state()
-                    results[node_id] = StopResult(False, False, 0.0, None)
-                    continue
-                exited = _wait_gone(pid, node.properties_path, deadline)
-                if not exited:
-                    progress(f"node {node_id} ignored SIGTERM; killing it")
-                    _signal(pid, signal.SIGKILL)
-                    _wait_gone(pid, node.properties_path, time.monotonic() + KILL_WAIT_S)
-                node._clear_state()
-                results[node_id] = StopResult(True, not exited, time.monotonic() - started, None)
+            nodes = [self.node(node_id) for node_id in layout.node_ids]
+            results = stop_nodes(nodes, self.settings.stop_timeout_s, progress)
             if layout.faultable:
                 self.toxiproxy(layout).stop()
             return results
@@ -608,9 +304,9 @@ class LocalCluster:
         so `status` says crashed until `restart`."""
         node, pid = self._running_node(node_id, "kill")
         with self._locked():
-            _signal(pid, signal.SIGCONT)
-            _signal(pid, signal.SIGKILL)
-            if not _wait_gone(pid, node.properties_path, time.monotonic() + KILL_WAIT_S):
+            send_signal(pid, signal.SIGCONT)
+            send_signal(pid, signal.SIGKILL)
+            if not wait_gone(pid, node.properties_path, time.monotonic() + KILL_WAIT_S):
                 raise ClusterError(f"node {node_id} (pid {pid}) survived SIGKILL")
         progress(f"node {node_id} killed (SIGKILL to pid {pid})")
         return pid
@@ -618,13 +314,13 @@ class LocalCluster:
     def pause(self, node_id: int, progress: Progress = _quiet) -> int:
         """SIGSTOP the node's JVM: it holds its sockets but answers nothing, like a long GC."""
         _node, pid = self._running_node(node_id, "pause")
-        _signal(pid, signal.SIGSTOP)
+        send_signal(pid, signal.SIGSTOP)
         progress(f"node {node_id} paused (SIGSTOP to pid {pid}); `resume --node {node_id}`")
         return pid
 
     def resume(self, node_id: int, progress: Progress = _quiet) -> int:
         _node, pid = self._running_node(node_id, "resume")
-        _signal(pid, signal.SIGCONT)
+        send_signal(pid, signal.SIGCONT)
         progress(f"node {node_id} resumed (SIGCONT to pid {pid})")
         return pid
 
@@ -634,7 +330,7 @@ class LocalCluster:
         with self._locked():
             pid = node.running_pid()
             if pid is not None:
-                _signal(pid, signal.SIGCONT)
+                send_signal(pid, signal.SIGCONT)
                 progress(f"node {node_id}: stopping (pid {pid})")
                 node.stop()
             progress(f"node {node_id}: starting")
@@ -676,9 +372,7 @@ class LocalCluster:
             nodes, new_cluster_id(self._random_bytes), faultable=self.requested_faultable
         )
         progress(f"new {nodes}-node cluster {layout.cluster_id} in {self.data_dir}")
-        temp = self.layout_path.with_name(CLUSTER_FILE + ".tmp")
-        temp.write_text(layout.to_json())
-        temp.replace(self.layout_path)
+        write_atomically(self.layout_path, layout.to_json())
         self._nodes.clear()
         return layout
 
@@ -704,31 +398,13 @@ def cluster_bootstrap(data_dir: Path) -> str | None:
     return ",".join(running) or None
 
 
-def _signal(pid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signum)
-
-
-def _wait_gone(pid: int, properties_path: Path, deadline: float) -> bool:
-    while pid_runs_broker(pid, properties_path):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL_INTERVAL_S)
-    return True
-
-
 __all__ = [
-    "BrokerStatusKind",
-    "ClusterError",
-    "ClusterLayout",
-    "ClusterNode",
     "LinksStatus",
     "LocalCluster",
     "NodeStatus",
     "NodeStatusKind",
     "cluster_bootstrap",
-    "render_cluster_properties",
-    "replication_for",
+    "local_bootstrap",
 ]
 
 

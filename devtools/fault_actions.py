@@ -25,7 +25,7 @@ FAULTS = ("leader", "coordinator", "pause", "rolling", "down", "member")
 PAUSE_S = 20.0
 DOWN_S = 15.0
 MEMBER_OUTAGE_S = 300  # --outage-timeout of the members
-TRANSACTION_STATE_PARTITIONS = 3  # codeclog.devtools.cluster.INTERNAL_PARTITIONS
+TRANSACTION_STATE_PARTITIONS = 3  # codeclog.devtools.cluster_layout.INTERNAL_PARTITIONS
 
 
 def java_string_hash(text: str) -> int:

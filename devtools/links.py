@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from codeclog.devtools.broker import HOST, pid_exists, tcp_accepts
+from codeclog.devtools.host import HOST, pid_exists, tcp_accepts
 from codeclog.errors import CodeclogError, UsageError
 from codeclog.paths import default_cache_dir as cache_dir
 

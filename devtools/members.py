@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import codeclog
-from codeclog.devtools.broker import parent_death_hook
+from codeclog.devtools.host import parent_death_hook
 from codeclog.errors import CodeclogError
 from codeclog.lag.drain import undrained, wait_drained
 

@@ -33,6 +33,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from codeclog.devtools.broker_errors import SecurityModeError
 from codeclog.errors import CodeclogError, UsageError
 
 SECURITY_NONE = "none"
@@ -118,6 +119,22 @@ def check_mode(mode: str) -> str:
     return mode
 
 
+def start_mode(asked: str | None, formatted: bool, files: SecurityFiles, data_dir: Path) -> str:
+    """The mode a start of the broker in `data_dir` uses: the one asked for (none when nothing
+    is) in a data dir not formatted yet; else the one it was formatted with (scram when its
+    `files` are complete), which must be the one asked for, if any."""
+    if not formatted:
+        return asked or SECURITY_NONE
+    held = SECURITY_SCRAM if files.complete() else SECURITY_NONE
+    if asked is not None and asked != held:
+        raise SecurityModeError(
+            f"{data_dir} holds a broker formatted with --security {held}; it cannot "
+            f"start with --security {asked} (users are created at format "
+            "time): use another --data-dir"
+        )
+    return held
+
+
 def security_files(data_dir: Path) -> SecurityFiles:
     root = Path(data_dir) / SECURITY_DIR
     return SecurityFiles(
@@ -184,6 +201,13 @@ def client_properties(user: str, password: str, bootstrap: str, ca_pem: Path) ->
         "ssl.ca.location": str(ca_pem),
         "ssl.endpoint.identification.algorithm": "https",
     }
+
+
+def admin_properties(files: SecurityFiles, creds: Credentials) -> dict[str, str]:
+    """The super user's client properties, without bootstrap.servers (its client adds one)."""
+    props = client_properties(SUPER_USER, creds.password(SUPER_USER), "", files.ca_pem)
+    props.pop("bootstrap.servers")
+    return props
 
 
 def render_properties(props: Mapping[str, str], header: str) -> str:

@@ -23,7 +23,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.cli.config import ENV_BOOTSTRAP
-from codeclog.devtools.broker import BrokerSettings, BrokerStartError, BrokerState, LocalBroker
+from codeclog.devtools.broker import BrokerSettings, BrokerState, LocalBroker
+from codeclog.devtools.broker_errors import BrokerStartError
 from codeclog.devtools.jars import JarFetcher
 from codeclog.errors import CodeclogError
 

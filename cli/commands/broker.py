@@ -1,6 +1,7 @@
 """`codeclog broker start|stop|status|fetch|kill|pause|resume|restart|net`: the local Kafka
 broker (one node by default) or a local cluster of N nodes (`start --nodes 3`), whose links can
-fail when started `--faultable` (`net`)."""
+fail when started `--faultable` (`net`). The tables `status` and `net` print are in
+codeclog.cli.broker_tables."""
 
 from __future__ import annotations
 
@@ -10,23 +11,26 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from codeclog.cli.broker_tables import (
+    format_cluster_status,
+    format_links,
+    format_links_status,
+    format_status,
+)
 from codeclog.cli.parsing import add_flag
 from codeclog.devtools.broker import (
     BROKER_START_TIMEOUT_S,
     BrokerSettings,
-    BrokerStatus,
     BrokerStatusKind,
     LocalBroker,
 )
+from codeclog.devtools.broker_errors import ClusterError
 from codeclog.devtools.cluster import (
     CLUSTER_START_TIMEOUT_S,
     NODE_HEAP_MAX_MB,
     NODE_HEAP_MIN_MB,
     NODE_RSS_NOTE,
-    ClusterError,
-    LinksStatus,
     LocalCluster,
-    NodeStatus,
     NodeStatusKind,
 )
 from codeclog.devtools.jars import ENV_KAFKA_LIBS, KAFKA_VERSION, JarFetcher
@@ -356,68 +360,6 @@ def _status(args: argparse.Namespace) -> int:
     return codes[status.kind]
 
 
-def format_links_status(links: LinksStatus, stopped: bool) -> tuple[str, bool]:
-    """The `links:` line of a faultable cluster's status, and whether it is as it should be:
-    Toxiproxy with every proxy while nodes run, nothing when every node is stopped."""
-    if stopped:
-        if links.pid is None:
-            return "stopped (Toxiproxy not running)", True
-        return (
-            f"Toxiproxy (pid {links.pid}) still runs though every node is stopped; "
-            "`codeclog broker stop` ends it",
-            False,
-        )
-    if links.problems:
-        return (
-            f"UNREACHABLE: {'; '.join(links.problems)}: no client reaches the nodes; "
-            "`codeclog broker start` brings Toxiproxy and its proxies back",
-            False,
-        )
-    return f"through Toxiproxy (pid {links.pid}, API {links.api}), every proxy in place", True
-
-
-def format_status(status: BrokerStatus) -> str:
-    state = status.state
-    rows = [("status", status.kind.value)]
-    if state is not None:
-        rows += [("pid", str(state.pid)), ("bootstrap", state.bootstrap)]
-        rows += [("cluster id", state.cluster_id), ("started at", state.started_at)]
-    rows += [("data dir", str(status.data_dir)), ("log", str(status.log_path))]
-    return "\n".join(f"{key + ':':<12}{value}" for key, value in rows)
-
-
-def format_cluster_status(
-    statuses: tuple[NodeStatus, ...], cluster_id: str, bootstrap: str, data_dir: Path
-) -> str:
-    rows = [("NODE", "STATUS", "PID", "BROKER", "CONTROLLER", "LOG")]
-    for s in statuses:
-        pid = (
-            str(s.broker.state.pid)
-            if s.broker.state and s.kind is not NodeStatusKind.STOPPED
-            else "-"
-        )
-        rows.append(
-            (
-                str(s.node_id),
-                s.kind.value,
-                pid,
-                str(s.ports.broker_port),
-                str(s.ports.controller_port),
-                str(s.broker.log_path),
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = [
-        f"{'cluster id:':<12}{cluster_id}",
-        f"{'bootstrap:':<12}{bootstrap}",
-        f"{'data dir:':<12}{data_dir}",
-    ]
-    for row in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)))
-        lines[-1] += "  " + row[5]
-    return "\n".join(lines)
-
-
 class NoClusterError(ClusterError, UsageError):
     """A node action (kill, pause, ...) on a data dir without a local cluster: a usage error
     (exit 2), as `net` says for the same mistake."""
@@ -468,18 +410,6 @@ def _net_fault(args: argparse.Namespace) -> Fault | None:
         raise LinkUsageError("--jitter-ms goes with --latency-ms")
     chosen = {"down": DOWN, "reset": RESET, "heal": HEAL}
     return next((fault for flag, fault in chosen.items() if getattr(args, flag)), None)
-
-
-def format_links(faults: dict[tuple[int, str], list[str]]) -> str:
-    rows = [("NODE", "LINK", "FAULT")]
-    rows += [
-        (str(node), link, "; ".join(toxics) or "healthy")
-        for (node, link), toxics in sorted(faults.items())
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(2)]
-    return "\n".join(
-        f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}" for row in rows
-    )
 
 
 def _fetch(_args: argparse.Namespace) -> int:

@@ -20,17 +20,10 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from codeclog.cli import main
-from codeclog.devtools.broker import (
-    BrokerSettings,
-    BrokerStartError,
-    BrokerStatusKind,
-    JavaNotFoundError,
-    JavaTooOldError,
-    LocalBroker,
-    pick_free_port,
-    port_is_free,
-)
+from codeclog.devtools.broker import BrokerSettings, BrokerStatusKind, LocalBroker
+from codeclog.devtools.broker_errors import BrokerStartError, JavaNotFoundError, JavaTooOldError
 from codeclog.devtools.cluster import local_bootstrap
+from codeclog.devtools.host import pick_free_port, port_is_free
 from codeclog.devtools.jars import JarFetcher, JarFetchError, MavenNotFoundError
 
 READ_TIMEOUT_S = 30.0

@@ -15,21 +15,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codeclog.cli import main
-from codeclog.cli.commands.broker import format_status
-from codeclog.devtools.broker import (
-    BrokerError,
+from codeclog.cli.broker_tables import format_status
+from codeclog.devtools.broker import BrokerSettings, BrokerState, BrokerStatusKind, LocalBroker
+from codeclog.devtools.broker_config import (
     BrokerPorts,
-    BrokerSettings,
-    BrokerState,
-    BrokerStatusKind,
-    LocalBroker,
     choose_ports,
     new_cluster_id,
-    parse_java_major,
     parse_listener_ports,
     render_server_properties,
-    telling_line,
 )
+from codeclog.devtools.broker_errors import BrokerError
 from codeclog.devtools.cluster import local_bootstrap
 from codeclog.devtools.jars import (
     KAFKA_VERSION,
@@ -39,6 +34,7 @@ from codeclog.devtools.jars import (
     runtime_file,
     verify_libs,
 )
+from codeclog.devtools.jvm import parse_java_major, telling_line
 
 # ----------------------------------------------------------------------------- ports
 

@@ -255,7 +255,14 @@ def test_the_history_checker_reads_a_complete_log_while_node_1_is_down(
     between the two): node 1's log says open, the leader's says committed; the checker reads
     the leader's, complete to the high watermark."""
     from codeclog.devtools.fault_actions import leader_of, transaction_state_partition
-    from codeclog.devtools.history import COMMIT, OPEN, Locator, fates, partition_batches, read_log
+    from codeclog.devtools.log_segments import (
+        COMMIT,
+        OPEN,
+        Locator,
+        fates,
+        partition_batches,
+        read_log,
+    )
 
     client = {"bootstrap.servers": cluster.bootstrap}
     topic = unique_name("h.audio")

@@ -8,16 +8,11 @@ from pathlib import Path
 import pytest
 
 from codeclog.cli import main
-from codeclog.devtools.broker import BrokerPorts
-from codeclog.devtools.cluster import (
-    ClusterError,
-    ClusterLayout,
-    LocalCluster,
-    NodeStatusKind,
-    local_bootstrap,
-    process_is_stopped,
-    render_cluster_properties,
-)
+from codeclog.devtools.broker_config import BrokerPorts
+from codeclog.devtools.broker_errors import ClusterError
+from codeclog.devtools.cluster import LocalCluster, NodeStatusKind, local_bootstrap
+from codeclog.devtools.cluster_layout import ClusterLayout, render_cluster_properties
+from codeclog.devtools.host import process_is_stopped
 
 
 def _layout() -> ClusterLayout:

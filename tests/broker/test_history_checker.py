@@ -17,23 +17,25 @@ from confluent_kafka import Producer
 
 from codeclog.devtools.audit import shipped_schemas
 from codeclog.devtools.history import (
-    ABORT,
-    COMMIT,
     KINDS,
-    OPEN,
     Chunk,
     History,
-    LogRead,
     Output,
     Topics,
-    batches,
     check,
     decode_chunks,
     decode_outputs,
     describe_logs,
+    read_history,
+)
+from codeclog.devtools.log_segments import (
+    ABORT,
+    COMMIT,
+    OPEN,
+    LogRead,
+    batches,
     fates,
     partition_batches,
-    read_history,
     read_log,
 )
 from codeclog.schemas import wire

@@ -13,13 +13,9 @@ from typing import Any
 import pytest
 
 from codeclog.cli import main
-from codeclog.cli.commands.broker import format_links_status
-from codeclog.devtools.cluster import (
-    ClusterLayout,
-    LinksStatus,
-    LocalCluster,
-    render_cluster_properties,
-)
+from codeclog.cli.broker_tables import format_links_status
+from codeclog.devtools.cluster import LinksStatus, LocalCluster
+from codeclog.devtools.cluster_layout import ClusterLayout, render_cluster_properties
 from codeclog.devtools.links import (
     DOWN,
     HEAL,

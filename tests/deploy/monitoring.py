@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import pytest
 
-from codeclog.devtools.broker import parent_death_hook, pick_free_port
+from codeclog.devtools.host import parent_death_hook, pick_free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from codeclog.devtools.broker import pick_free_port
+from codeclog.devtools.host import pick_free_port
 from tests.deploy.monitoring import (
     local,
     needs_prometheus,

@@ -10,7 +10,7 @@ import torch
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from codeclog.devtools.broker import pick_free_port
+from codeclog.devtools.host import pick_free_port
 from codeclog.omni.connector import CodeclogKafkaConnector
 from codeclog.omni.failures import ERROR_KEY
 from codeclog.omni.minicpmo import minicpmo_payload

@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from codeclog.devtools.broker import BrokerPorts, parse_listener_ports, render_server_properties
+from codeclog.devtools.broker_config import (
+    BrokerPorts,
+    parse_listener_ports,
+    render_server_properties,
+)
 from codeclog.devtools.security import (
     Credentials,
     UnknownSecurityError,
@@ -119,7 +123,8 @@ def test_a_secured_cluster_node_keeps_its_quorum_and_shares_one_set_of_material(
     tmp_path: Path,
 ) -> None:
     from codeclog.devtools.broker import BrokerSettings
-    from codeclog.devtools.cluster import ClusterLayout, ClusterNode, render_cluster_properties
+    from codeclog.devtools.cluster_layout import ClusterLayout, render_cluster_properties
+    from codeclog.devtools.cluster_nodes import ClusterNode
 
     ports = (BrokerPorts(1001, 2001), BrokerPorts(1002, 2002), BrokerPorts(1003, 2003))
     layout = ClusterLayout("abc", ports)
