@@ -34,7 +34,7 @@ def new_cluster_id(random_bytes: Callable[[int], bytes] = os.urandom) -> str:
 def render_server_properties(
     ports: BrokerPorts, log_dirs: Path, secured: dict[str, str] | None = None
 ) -> str:
-    """server.properties for one combined node; see the table in docs (kafka.md A.5).
+    """server.properties for one combined node (docs/local-kafka.md has what each setting is for).
     `secured` (codeclog.devtools.security.server_security_properties) replaces the listeners."""
     props = {
         "process.roles": "broker,controller",
