@@ -349,7 +349,7 @@ def client_versions() -> dict[str, str]:
 
 
 def schema_fingerprints() -> dict[str, str]:
-    from codeclog.schemas.wire import known_fingerprints
+    from codeclog.schemas.catalog import known_fingerprints
 
     return dict(known_fingerprints())
 
