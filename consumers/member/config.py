@@ -27,8 +27,8 @@ class VocodeConfig:
     # (consumers.stream.limit); beyond it the least recently active stream is evicted.
     limits: LimitOptions = dataclasses.field(default_factory=LimitOptions)
     transaction_timeout_ms: int = 60_000
-    # Steps decoded and waiting for their transaction (consumers/member/writer.py): beyond this
-    # many bytes of their records the member waits for the writer (back-pressure)
+    # Steps decoded and waiting for their transaction (consumers/member/transaction_queue.py):
+    # beyond this many bytes of their records the member waits for the writer (back-pressure)
     max_queued_bytes: int = 32 * 2**20
     # Write each window to the live topic as soon as it is decoded (docs/listening.md); off, a
     # speculative listener hears the committed copy only

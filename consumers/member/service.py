@@ -5,7 +5,7 @@ AudioPipeline (fold + batched vocoder decode) on a worker thread while the intak
 polling, then its windows written at once to the live topic (consumers/member/live.py) and the
 step queued for a Kafka transaction (consumers/member/transaction.py), written in the
 background with the steps queued beside it, that carries what the step writes
-(consumers/member/writes.py: audio, dead letters, a checkpoint per touched request) and the
+(consumers/member/step_writes.py: audio, dead letters, a checkpoint per touched request) and the
 consumed offsets. Partitions that arrive are restored by consumers/member/recovery.py; a failed
 transaction rewinds to the committed offsets and restores every assigned partition the same
 way. The member raises what ends it (the command line prints it and exits).
@@ -26,18 +26,18 @@ from codeclog.consumers.member.intake import Intake
 from codeclog.consumers.member.live import LiveWriter
 from codeclog.consumers.member.metrics import VocoderMetrics, observe_step
 from codeclog.consumers.member.outage import OutageClock
-from codeclog.consumers.member.progress import CheckpointWriter
+from codeclog.consumers.member.progress import CheckpointBuilder
 from codeclog.consumers.member.recovery import Recovery, RecoverySource
 from codeclog.consumers.member.refusals import Refusals
 from codeclog.consumers.member.startup import cluster_facts
-from codeclog.consumers.member.transaction import CLOSE_ON_FAILURE_S, Transactions
-from codeclog.consumers.member.writes import (
+from codeclog.consumers.member.step_writes import (
     AudioRecord,
     StepWrites,
     audio_records,
     live_writes,
     step_writes,
 )
+from codeclog.consumers.member.transaction import CLOSE_ON_FAILURE_S, Transactions
 from codeclog.consumers.stream.dead_letter import DEAD_LETTER_RAW_LIMIT
 from codeclog.consumers.stream.engine import EngineMismatchError, VocoderEngine
 from codeclog.consumers.stream.fold.report import strict_error_json
@@ -106,7 +106,7 @@ class VocoderService:
         self.intake = Intake(
             client_config, config.intake(topics.chunks), self.metrics, self.refusals, self
         )
-        self.checkpoints = CheckpointWriter(topics.chunks, config.group, config.transactional_id)
+        self.checkpoints = CheckpointBuilder(topics.chunks, config.group, config.transactional_id)
         self.recovery = Recovery(
             RecoverySource(
                 client_config,

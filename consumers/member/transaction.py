@@ -3,8 +3,8 @@ member's path.
 
 The member talks to it only through `TransactionBoundary` (consumers/member/boundary.py);
 `Transactions` is its one implementation. Queued steps are written by the one thread of a
-`TransactionWriter` (consumers/member/writer.py), all that queued meanwhile in one transaction;
-the producer's settings are in consumers/member/producer_config.py.
+`TransactionWriter` (consumers/member/transaction_queue.py), all that queued meanwhile in one
+transaction; the producer's settings are in consumers/member/producer_config.py.
 
 A transaction carries its steps' audio chunks, dead letters, the newest checkpoint of each
 touched request and the consumed offsets (`send_offsets_to_transaction`): everything of its
@@ -38,8 +38,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from codeclog.consumers.member.boundary import TransactionError
 from codeclog.consumers.member.metrics import VocoderMetrics
 from codeclog.consumers.member.producer_config import transactional_producer_config
-from codeclog.consumers.member.writer import TransactionWriter
-from codeclog.consumers.member.writes import StepWrites, merged
+from codeclog.consumers.member.step_writes import StepWrites, merged
+from codeclog.consumers.member.transaction_queue import TransactionWriter
 from codeclog.errors import CodeclogError
 from codeclog.kafka.calls import (
     FENCED_CODES,
