@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from codeclog.consumers.member.intake import IntakeConfig
+from codeclog.consumers.member.recovery import RecoverySource
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy
 from codeclog.consumers.stream.limit import LimitOptions, StreamLimit
 from codeclog.consumers.stream.pipeline import PipelineConfig
+from codeclog.topics_config import TopicsConfig
 
 DEFAULT_GROUP = "codeclog-vocoder"
 
@@ -71,4 +73,17 @@ class VocodeConfig:
             self.poll_timeout_s,
             self.max_poll_interval_ms,
             self.kafka_timeout_s,
+        )
+
+    def recovery_source(
+        self, client_config: dict[str, str], topics: TopicsConfig
+    ) -> RecoverySource:
+        """Where the member's recovery reads: its group's checkpoints, its input."""
+        return RecoverySource(
+            client_config,
+            topics.chunks,
+            topics.progress,
+            self.group,
+            self.kafka_timeout_s,
+            self.rebuild_batch,
         )
