@@ -116,7 +116,10 @@ class AudioPipeline:
         config: PipelineConfig,
         engine: VocoderEngine | None,
         clock_ms: Callable[[], int] | None = None,
+        report_builder: ReportBuilder | None = None,
     ) -> None:
+        """`report_builder` is given every folded event and its outcomes (`report()`); by
+        default a ReportBuilder of the fold's policy."""
         self.config = config
         self.engine = engine
         self._facts = engine if isinstance(engine, EngineFacts) else None
@@ -127,7 +130,9 @@ class AudioPipeline:
         self._folds: dict[int, FoldState] = {}
         self._vocoder = VocoderStreams(engine)
         self._partition_of: dict[str, int] = {}
-        self.report_builder = ReportBuilder(config.fold.policy)
+        if report_builder is None:
+            report_builder = ReportBuilder(config.fold.policy)
+        self._report_builder = report_builder
         self.audio: dict[str, RequestAudio] = {}
         self._emitting = True
 
@@ -220,7 +225,7 @@ class AudioPipeline:
 
     def report(self) -> dict[str, Any]:
         """The fold report so far; with audio accounting, per-request audio too."""
-        result = self.report_builder.result()
+        result = self._report_builder.result()
         if self.config.record_audio:
             for rid, entry in result["requests"].items():
                 audio = self.audio.get(rid, RequestAudio())
@@ -253,7 +258,7 @@ class AudioPipeline:
         if after is not None and after != before:
             out.epoch_starts[rid] = record.position.offset
         if emit and self.config.report:
-            self.report_builder.add(event, outcomes)
+            self._report_builder.add(event, outcomes)
         self._partition_of[rid] = partition
         out.touched[rid] = partition
         out.last_offsets[rid] = record.position.offset
