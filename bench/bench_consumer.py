@@ -176,10 +176,11 @@ def kafka_path(bootstrap: str, engine: Any, streams: int, seconds: float) -> dic
     steps: list[StepRecord] = []
 
     class Instrumented(VocoderService):
-        def _observe(self, out: StepOutput, step_s: float) -> None:
+        def _committed_step(self, out: StepOutput, started: float) -> None:
+            step_s = time.perf_counter() - started
             produced = [c.source_produced_at_ms for c in out.audio if c.source_produced_at_ms]
             steps.append(StepRecord(time.time(), step_s, out.decode_s, produced, len(out.audio)))
-            super()._observe(out, step_s)
+            super()._committed_step(out, started)
 
     stop = threading.Event()
     config = VocodeConfig(

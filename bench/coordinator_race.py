@@ -10,7 +10,7 @@ seconds, while the group coordinator creates and loads those partitions:
 * admin: `AdminClient.list_consumer_group_offsets` (what `codeclog lag-exporter` used): an
   OffsetFetch answered NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE in that window kills the
   process with SIGSEGV inside librdkafka (docs/lag.md, "The exporter's SIGSEGV");
-* consumer: `codeclog.lag.measure.CommittedReader` (a consumer carrying the group id).
+* consumer: `codeclog.lag.readers.CommittedReader` (a consumer carrying the group id).
 
 Prints one markdown row per reader: rounds, rounds whose child died (and how), and the answers
 counted. A race: the rate depends on the machine and its load.
@@ -31,7 +31,7 @@ from pathlib import Path
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from codeclog.lag.measure import CommittedReader, MeasureError
+from codeclog.lag.readers import CommittedReader, MeasureError
 
 READERS = ("admin", "consumer")
 TOPIC = "codec.chunks"  # need not exist: OffsetFetch does not check it

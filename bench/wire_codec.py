@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from fastavro import schemaless_reader, schemaless_writer
 
-from codeclog.schemas import wire
+from codeclog.schemas import catalog, wire
 from codeclog.schemas.records import CodecChunk, to_dict
 from codeclog.testing.upstream_streams import preroll_window
 
@@ -32,7 +32,7 @@ STEADY_WINDOW = preroll_window(
 
 
 def _v1_bytes(chunk: CodecChunk) -> bytes:
-    v1 = next(v for v in wire.registry().versions if v.label == "codec_chunk.v1")
+    v1 = next(v for v in catalog.registry().versions if v.label == "codec_chunk.v1")
     values = {k: v for k, v in to_dict(chunk).items() if k != "streaming_condition_seq"}
     buffer = io.BytesIO(wire.MARKER + v1.fingerprint)
     buffer.seek(0, io.SEEK_END)
@@ -50,7 +50,7 @@ def _rate(work: Callable[[], object], records: int) -> float:
 def measure(records: int) -> dict[str, float]:
     latest = wire.encode(STEADY_WINDOW)
     old = _v1_bytes(STEADY_WINDOW)
-    parsed = wire.registry().latest["codec_chunk"].parsed
+    parsed = catalog.registry().latest["codec_chunk"].parsed
     body = latest[wire.HEADER_BYTES :]
     return {
         "encode_per_s": _rate(lambda: wire.encode(STEADY_WINDOW), records),

@@ -49,7 +49,7 @@ def wait_drained(
 ) -> GroupReport:
     """Measure until the group is drained or `timeout_s` passed; the last report either way.
 
-    Raises lag.measure.MeasureError when the cluster cannot be asked.
+    Raises lag.readers.MeasureError when the cluster cannot be asked.
     """
     monitor = LagMonitor(client_config, group, topic)
     try:

@@ -168,7 +168,7 @@ class Sample:
     observed_at_ms: int  # the monitor's clock when the offsets were read (Unix ms)
     committed_offset: int | None  # the group's committed offset (next to consume); None: none
     end_offset: int | None  # the last stable offset (LSO) for read_committed consumers
-    # records the consumer still has to read: normally end - committed, but lag.measure lowers
+    # records the consumer still has to read: normally end - committed, but lag.arithmetic lowers
     # it to the visible records when only commit markers / aborted records remain (else a
     # consumer that committed just before stepping over a marker would show lag 1 forever)
     lag: int | None

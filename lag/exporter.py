@@ -6,7 +6,7 @@ Per partition (labels cluster_name, group, topic, partition):
                                           committed offset or, without one, from the reset
                                           position (earliest: the log start offset)
   kafka_consumergroup_group_lag_seconds   age of the record at the committed offset (read, not
-                                          interpolated: see lag.measure)
+                                          interpolated: see lag.arithmetic)
   codeclog_audio_lag_seconds              seconds of codec frames not yet vocoded (estimate)
   codeclog_partition_lag_from_reset       1: no committed offset, the lags above are measured
                                           from the reset position; 0: from the committed offset
@@ -46,8 +46,8 @@ from typing import Any
 
 from codeclog.errors import CodeclogError, UsageError
 from codeclog.lag.evaluator import GroupRule, GroupStatus, PartitionStatus
-from codeclog.lag.measure import MeasureError
 from codeclog.lag.monitor import LagMonitor
+from codeclog.lag.readers import MeasureError
 from codeclog.lag.report import GroupReport, PartitionReport, status_line
 
 DEFAULT_PORT = 9310

@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from codeclog.lag.arithmetic import GroupMeasurement, PartitionMeasurement
 from codeclog.lag.evaluator import (
     EvaluatorConfig,
     GroupRule,
@@ -21,7 +22,6 @@ from codeclog.lag.evaluator import (
     group_rules,
     group_status,
 )
-from codeclog.lag.measure import GroupMeasurement, PartitionMeasurement
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

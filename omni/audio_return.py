@@ -30,12 +30,12 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, To
 from codeclog.consumers.readers.deliveries import ListenerChunk, ListenerConfig
 from codeclog.consumers.readers.listener import AudioListener, Isolation, ListenerError, StartMode
 from codeclog.kafka.log import client_settings
-from codeclog.schemas import wire
+from codeclog.schemas import catalog, wire
 from codeclog.schemas.records import ControlEvent, ControlKind, DeadLetter
 
 LOGGER = logging.getLogger("codeclog.omni")
 POLL_S = 0.05
-CONTROL = wire.fingerprint_of(ControlEvent)
+CONTROL = catalog.fingerprint_of(ControlEvent)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

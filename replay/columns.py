@@ -9,9 +9,9 @@ record); a state-only replay needs only each record's partition, offset, key and
    `truncated`; a corrupt one is an error, or skipped on request, `skipped`);
 2. the records of a block follow each other, and each starts with its topic: every place the
    first record's topic (length + bytes) occurs is a candidate start. All candidates are
-   walked at once (`codeclog.schemas.columnar.walk`, canonical encoding only), and from each block's
-   start the chain record end -> next record start is followed; it must take exactly the
-   block's record count to reach exactly the block's end.
+   walked at once (`codeclog.schemas.avro_walk.walk`, canonical encoding only), and from each
+   block's start the chain record end -> next record start is followed; it must take exactly
+   the block's record count to reach exactly the block's end.
 
 Anything the walk cannot prove (another topic, headers, a non-canonical encoding, invalid
 UTF-8, trailing bytes in a block) makes `read_table` return None and the caller reads the
@@ -35,7 +35,7 @@ from codeclog.replay.capture_format import (
     TimestampType,
     read_header,
 )
-from codeclog.schemas.columnar import (
+from codeclog.schemas.avro_walk import (
     Bools,
     Bytes,
     Int64s,

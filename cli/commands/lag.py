@@ -257,7 +257,7 @@ def _guarded(
         from codeclog.lag.exporter import (
             MetricsUnavailableError,  # librdkafka: only when a command runs
         )
-        from codeclog.lag.measure import ClientConfigError
+        from codeclog.lag.readers import ClientConfigError
 
         usage = (ConfigError, LagConfigError, ClientConfigError, MetricsUnavailableError)
         try:

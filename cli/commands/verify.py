@@ -101,7 +101,7 @@ def _not_drained(
 ) -> str | None:
     """None once `group` is drained on `topic`, else one sentence saying why not."""
     from codeclog.lag.drain import undrained, wait_drained
-    from codeclog.lag.measure import MeasureError
+    from codeclog.lag.readers import MeasureError
 
     try:
         report = wait_drained(client_config, group, topic, max(0.0, timeout_s))

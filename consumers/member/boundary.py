@@ -9,7 +9,7 @@ from typing import Protocol
 
 from confluent_kafka import KafkaException
 
-from codeclog.consumers.member.writes import StepWrites
+from codeclog.consumers.member.step_writes import StepWrites
 from codeclog.kafka.calls import StuckCallError
 
 TransactionError = KafkaException | StuckCallError

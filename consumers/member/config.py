@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from codeclog.consumers.member.intake import IntakeConfig
+from codeclog.consumers.member.recovery import RecoverySource
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy
 from codeclog.consumers.stream.limit import LimitOptions, StreamLimit
 from codeclog.consumers.stream.pipeline import PipelineConfig
+from codeclog.topics_config import TopicsConfig
 
 DEFAULT_GROUP = "codeclog-vocoder"
 
@@ -27,8 +29,8 @@ class VocodeConfig:
     # (consumers.stream.limit); beyond it the least recently active stream is evicted.
     limits: LimitOptions = dataclasses.field(default_factory=LimitOptions)
     transaction_timeout_ms: int = 60_000
-    # Steps decoded and waiting for their transaction (consumers/member/writer.py): beyond this
-    # many bytes of their records the member waits for the writer (back-pressure)
+    # Steps decoded and waiting for their transaction (consumers/member/transaction_queue.py):
+    # beyond this many bytes of their records the member waits for the writer (back-pressure)
     max_queued_bytes: int = 32 * 2**20
     # Write each window to the live topic as soon as it is decoded (docs/listening.md); off, a
     # speculative listener hears the committed copy only
@@ -71,4 +73,17 @@ class VocodeConfig:
             self.poll_timeout_s,
             self.max_poll_interval_ms,
             self.kafka_timeout_s,
+        )
+
+    def recovery_source(
+        self, client_config: dict[str, str], topics: TopicsConfig
+    ) -> RecoverySource:
+        """Where the member's recovery reads: its group's checkpoints, its input."""
+        return RecoverySource(
+            client_config,
+            topics.chunks,
+            topics.progress,
+            self.group,
+            self.kafka_timeout_s,
+            self.rebuild_batch,
         )

@@ -22,7 +22,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from codeclog.consumers.member.metrics import VocoderMetrics
-from codeclog.consumers.member.writes import Write
+from codeclog.consumers.member.step_writes import OutputRecord
 from codeclog.kafka.calls import StuckCallError, bounded, one_line
 from codeclog.kafka.log import client_settings
 
@@ -78,7 +78,7 @@ class LiveWriter:
         self.topic = topic
         self.producer = Producer({**self.config, "error_cb": self._error})
 
-    def write(self, records: Sequence[Write]) -> None:
+    def write(self, records: Sequence[OutputRecord]) -> None:
         """Queue the records (never waits); serve delivery reports of earlier ones."""
         if self._fatal:
             self._replace()

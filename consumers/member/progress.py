@@ -31,7 +31,7 @@ def progress_key(group: str, request_id: str) -> str:
     return f"{group}\x1f{request_id}"
 
 
-class CheckpointWriter:
+class CheckpointBuilder:
     """Builds the checkpoints of one step; remembers where each open stream's epoch began."""
 
     def __init__(self, input_topic: str, group: str, producer_id: str) -> None:

@@ -5,7 +5,7 @@ AudioPipeline (fold + batched vocoder decode) on a worker thread while the intak
 polling, then its windows written at once to the live topic (consumers/member/live.py) and the
 step queued for a Kafka transaction (consumers/member/transaction.py), written in the
 background with the steps queued beside it, that carries what the step writes
-(consumers/member/writes.py: audio, dead letters, a checkpoint per touched request) and the
+(consumers/member/step_writes.py: audio, dead letters, a checkpoint per touched request) and the
 consumed offsets. Partitions that arrive are restored by consumers/member/recovery.py; a failed
 transaction rewinds to the committed offsets and restores every assigned partition the same
 way. The member raises what ends it (the command line prints it and exits).
@@ -24,20 +24,21 @@ from codeclog.consumers.member.boundary import TransactionBoundary, TransactionE
 from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.intake import Intake
 from codeclog.consumers.member.live import LiveWriter
-from codeclog.consumers.member.metrics import VocoderMetrics, observe_step
+from codeclog.consumers.member.metrics import VocoderMetrics
 from codeclog.consumers.member.outage import OutageClock
-from codeclog.consumers.member.progress import CheckpointWriter
-from codeclog.consumers.member.recovery import Recovery, RecoverySource
+from codeclog.consumers.member.progress import CheckpointBuilder
+from codeclog.consumers.member.recovery import Recovery
 from codeclog.consumers.member.refusals import Refusals
 from codeclog.consumers.member.startup import cluster_facts
-from codeclog.consumers.member.transaction import CLOSE_ON_FAILURE_S, Transactions
-from codeclog.consumers.member.writes import (
+from codeclog.consumers.member.step_writes import (
     AudioRecord,
     StepWrites,
     audio_records,
     live_writes,
     step_writes,
 )
+from codeclog.consumers.member.tally import StepTally
+from codeclog.consumers.member.transaction import CLOSE_ON_FAILURE_S, Transactions
 from codeclog.consumers.stream.dead_letter import DEAD_LETTER_RAW_LIMIT
 from codeclog.consumers.stream.engine import EngineMismatchError, VocoderEngine
 from codeclog.consumers.stream.fold.report import strict_error_json
@@ -57,9 +58,7 @@ from codeclog.topics_config import TopicsConfig
 
 log = logging.getLogger("codeclog.vocode")
 RETRY_PAUSE_S = 1.0  # between two recovery attempts while the cluster does not answer
-FOLD_GAUGES_EVERY_S = 5.0  # the fold state's size is estimated at most this often (it walks it)
 OPEN_TRANSACTION_MARGIN_S = 30.0  # past the cleanup check (10 s) and the read timeouts
-STAT_NAMES = ("records", "windows", "dead_letters", "duplicates", "steps", "void_steps")
 
 
 class StrictFatalError(CodeclogError):
@@ -106,18 +105,8 @@ class VocoderService:
         self.intake = Intake(
             client_config, config.intake(topics.chunks), self.metrics, self.refusals, self
         )
-        self.checkpoints = CheckpointWriter(topics.chunks, config.group, config.transactional_id)
-        self.recovery = Recovery(
-            RecoverySource(
-                client_config,
-                topics.chunks,
-                topics.progress,
-                config.group,
-                config.kafka_timeout_s,
-                config.rebuild_batch,
-            ),
-            self.metrics,
-        )
+        self.checkpoints = CheckpointBuilder(topics.chunks, config.group, config.transactional_id)
+        self.recovery = Recovery(config.recovery_source(client_config, topics), self.metrics)
         # a transaction left open is aborted by its coordinator within its timeout, found by
         # a check every 10 s (transaction.abort.timed.out.transaction.cleanup.interval.ms)
         self.outage = OutageClock(
@@ -128,8 +117,7 @@ class VocoderService:
         self.finished = threading.Event()  # run() returned or raised
         self._stop = stop_event or threading.Event()
         self._assign_failed: BaseException | None = None  # recovery in a callback failed
-        self._stats = dict.fromkeys(STAT_NAMES, 0)
-        self._fold_gauges_at = -FOLD_GAUGES_EVERY_S  # monotonic time of their last update
+        self.tally = StepTally(self.metrics, self._clock_ms)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -139,7 +127,7 @@ class VocoderService:
 
     @property
     def stats(self) -> dict[str, int]:
-        return {**self._stats, "pauses": self.intake.pauses}
+        return {**self.tally.totals, "pauses": self.intake.pauses}
 
     @property
     def abandoned_clients(self) -> int:
@@ -264,7 +252,7 @@ class VocoderService:
         positions = self.intake.positions()  # what this step consumed; before the next poll
         decoded = self.intake.decode(lambda: self._decode_live(records))
         if decoded is None:  # a rebalance happened meanwhile: the step is void, start over
-            self._stats["void_steps"] += 1
+            self.tally.void_step()
             try:
                 self.transactions.await_commit()
             except (KafkaException, StuckCallError) as exc:  # the one rebuild below
@@ -282,10 +270,7 @@ class VocoderService:
         step = StepWrites(rows, progress, positions, self.intake.group_metadata())
         # raises if an earlier transaction failed: this step is then discarded
         self.transactions.write_step(step, lambda: self._committed_step(out, started))
-        self.metrics.open_streams.set(self.pipeline.open_streams())
-        self._fold_gauges()
-        for cause, count in out.evictions.items():
-            self.metrics.evictions.labels(cause=cause).inc(count)
+        self.tally.queued(out, self.pipeline)
         return out
 
     def _decode_live(self, records: Sequence[InputRecord]) -> tuple[StepOutput, list[AudioRecord]]:
@@ -299,32 +284,10 @@ class VocoderService:
         self.live.write(live_writes(audio, self.topics))  # before any wait for a transaction
         return out, audio
 
-    def _fold_gauges(self) -> None:
-        """The fold state's size and the requests it remembers, at most every
-        FOLD_GAUGES_EVERY_S (the estimate walks every request it remembers)."""
-        now = time.monotonic()
-        if now - self._fold_gauges_at < FOLD_GAUGES_EVERY_S:
-            return
-        self._fold_gauges_at = now
-        self.metrics.fold_state_bytes.set(self.pipeline.fold_state_bytes())
-        self.metrics.fold_requests.set(self.pipeline.remembered_requests())
-
     def _committed_step(self, out: StepOutput, started: float) -> None:
         """On the commit thread, after the step's transaction committed."""
         self.outage.committed()
-        self._observe(out, time.perf_counter() - started)
-
-    def _observe(self, out: StepOutput, step_s: float) -> None:
-        observe_step(self.metrics, out, self._clock_ms())
-        for name, count in (
-            ("records", out.records),
-            ("windows", len(out.audio)),
-            ("dead_letters", len(out.dead_letters)),
-            ("duplicates", out.duplicates),
-            ("steps", 1),
-        ):
-            self._stats[name] += count
-        log.debug("step: %d records, %d windows in %.3f s", out.records, len(out.audio), step_s)
+        self.tally.committed(out, time.perf_counter() - started)
 
     def _settle(self) -> None:
         """Wait for the queued steps' transactions and handle a failure (before idle checks,

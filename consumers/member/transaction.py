@@ -3,8 +3,8 @@ member's path.
 
 The member talks to it only through `TransactionBoundary` (consumers/member/boundary.py);
 `Transactions` is its one implementation. Queued steps are written by the one thread of a
-`TransactionWriter` (consumers/member/writer.py), all that queued meanwhile in one transaction;
-the producer's settings are in consumers/member/producer_config.py.
+`TransactionWriter` (consumers/member/transaction_queue.py), all that queued meanwhile in one
+transaction; the producer's settings are in consumers/member/producer_config.py.
 
 A transaction carries its steps' audio chunks, dead letters, the newest checkpoint of each
 touched request and the consumed offsets (`send_offsets_to_transaction`): everything of its
@@ -18,11 +18,11 @@ it decoded since the last commit and rebuilds its state from the log.
 Failures: a call stuck past its timeout (kafka_calls.StuckCallError) or a fatal producer error
 marks the producer wedged; `ensure_producer` replaces it with a new one under the same
 transactional id (init_transactions fences the old one and aborts its open transaction). The
-producer given up on is destroyed (purged, flushed, dropped, on a daemon thread) once no call is
-inside it: at once after a fatal error, when the stuck call returns after a stuck one; until
-then it is `abandoned` (the command line then ends with os._exit), and more than MAX_ABANDONED
-of them end the member (InfrastructureError: its restart releases them). Being fenced by another
-member ends this one (InfrastructureError).
+producer given up on is destroyed once no call is inside it (consumers/member/stuck_calls.py):
+at once after a fatal error, when the stuck call returns after a stuck one; until then it is
+`abandoned` (the command line then ends with os._exit), and more than MAX_ABANDONED of them end
+the member (InfrastructureError: its restart releases them). Being fenced by another member
+ends this one (InfrastructureError).
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from codeclog.consumers.member.boundary import TransactionError
 from codeclog.consumers.member.metrics import VocoderMetrics
 from codeclog.consumers.member.producer_config import transactional_producer_config
-from codeclog.consumers.member.writer import TransactionWriter
-from codeclog.consumers.member.writes import StepWrites, merged
+from codeclog.consumers.member.step_writes import StepWrites, merged
+from codeclog.consumers.member.stuck_calls import StuckCalls, close_retired
+from codeclog.consumers.member.transaction_queue import TransactionWriter
 from codeclog.errors import CodeclogError
 from codeclog.kafka.calls import (
     FENCED_CODES,
@@ -47,7 +48,6 @@ from codeclog.kafka.calls import (
     RETRY_INIT_CODES,
     InfrastructureError,
     StuckCallError,
-    bounded,
     kafka_error,
     one_line,
     raise_if_denied,
@@ -89,10 +89,9 @@ class Transactions:
         self.wedged = False  # a call on the producer got stuck or it hit a fatal error
         self.closing_timeout_s: float | None = None  # short bounds once the member exits 1
         self._needs_init = False
-        # producers given up on, each with the calls still inside it: destroyed once those
-        # returned (`_reap`); destroying a handle with a call inside librdkafka can block
-        self._abandoned: list[tuple[Producer, tuple[threading.Thread, ...]]] = []
-        self._stuck: list[threading.Thread] = []  # calls stuck inside the current producer
+        # every call on the producer, bounded; the producers given up on with the calls stuck
+        # inside them, destroyed once those returned
+        self._calls = StuckCalls(MAX_ABANDONED, kafka_timeout_s)
         self._writer = TransactionWriter(self._write_transaction, max_queued_bytes)
         # A refused login or ACL as the error to end with (exit 2), None for any other error
         self.refusal = refusal
@@ -107,7 +106,7 @@ class Transactions:
         """Producers given up on and not destroyed yet (a call is still inside, or not reaped
         yet). The CLI ends with os._exit when > 0: destroying a handle with a call still inside
         librdkafka can block."""
-        return len(self._abandoned)
+        return self._calls.abandoned
 
     @property
     def committing(self) -> bool:
@@ -144,18 +143,20 @@ class Transactions:
     def ensure_producer(self, reason: str = "") -> None:
         """Replace a wedged producer (same transactional id: init_transactions fences the
         old one and aborts its open transaction); finish a pending init_transactions."""
-        self._reap()
+        self._calls.reap()
         if self.producer is None or self.wedged:
             if self.producer is not None:
                 log.warning("replacing the transactional producer (%s)", reason)
                 if self._retiring:
-                    _close_retired(self.producer, self.kafka_timeout_s)
+                    close_retired(self.producer, self.kafka_timeout_s)
                 else:
-                    self._give_up(self.producer)
-                    self._reap()  # at once when no call is inside it (a fatal error)
-                    self._bound_abandoned()
+                    self._calls.give_up(self.producer)
+                    self._calls.reap()  # at once when no call is inside it (a fatal error)
+                    if (too_many := self._calls.too_many()) is not None:
+                        self.producer = None
+                        raise too_many
             self._retiring = False
-            self._stuck = []
+            self._calls.replaced()
             self.producer = Producer(self.producer_config)
             self.wedged = False
             self._needs_init = True
@@ -174,59 +175,22 @@ class Transactions:
         if producer is None:
             return
         if self.wedged:
-            self._give_up(producer)
+            self._calls.give_up(producer)
             return
         bound = self.closing_timeout_s or self.kafka_timeout_s
         try:
-            self._bounded("flush", lambda: producer.flush(bound), bound)
+            self._calls.bounded("flush", lambda: producer.flush(bound), bound)
         except (KafkaException, StuckCallError) as exc:
             log.warning("producer flush failed: %s", one_line(exc))
-            self._give_up(producer)
-
-    def _give_up(self, producer: Producer) -> None:
-        """`producer` is replaced: abandoned with the calls stuck inside it."""
-        self._abandoned.append((producer, tuple(self._stuck)))
-        self._stuck = []
-
-    def _reap(self) -> None:
-        """Destroy, in the background, every abandoned producer no call is inside any more:
-        a member that rides out a fault every few minutes keeps no handle, thread or socket
-        per fault (issue 43's soak: +14 threads and +26 fds after two stuck producers)."""
-        left = []
-        for producer, calls in self._abandoned:
-            if any(call.is_alive() for call in calls):
-                left.append((producer, calls))
-            else:
-                _close_retired(producer, self.kafka_timeout_s)
-        self._abandoned = left
-
-    def _bound_abandoned(self) -> None:
-        """InfrastructureError (exit 1) once more than MAX_ABANDONED producers given up on
-        still have a call inside: their handles are released only with the process."""
-        if len(self._abandoned) > MAX_ABANDONED:
-            self.producer = None
-            calls = sorted({c.name for _, stuck in self._abandoned for c in stuck})
-            raise InfrastructureError(
-                f"{len(self._abandoned)} transactional producers given up on still have a call "
-                f"stuck inside librdkafka ({', '.join(calls)}; librdkafka #5456); ending so "
-                "that a restart releases their threads and sockets"
-            )
-
-    def _bounded(self, what: str, call: Callable[[], Any], timeout_s: float) -> Any:
-        """kafka.calls.bounded on the current producer; a call that gets stuck is noted as
-        inside it (it is destroyed only after that call returned)."""
-        try:
-            return bounded(what, call, timeout_s)
-        except StuckCallError as exc:
-            if exc.worker is not None:
-                self._stuck.append(exc.worker)
-            raise
+            self._calls.give_up(producer)
 
     def _init(self) -> None:
         producer = self.producer
         assert producer is not None
         timeout = self.kafka_timeout_s
-        self._bounded("init_transactions", lambda: producer.init_transactions(timeout), timeout)
+        self._calls.bounded(
+            "init_transactions", lambda: producer.init_transactions(timeout), timeout
+        )
         self._needs_init = False
 
     def mark_wedged(self) -> None:
@@ -247,8 +211,8 @@ class Transactions:
     def write_step(self, step: StepWrites, on_committed: Callable[[], None]) -> None:
         """Queue the step for the next transaction; `on_committed` runs on the writer's thread
         once it committed. Raises the failure of an earlier transaction instead (once)."""
-        if self._abandoned:
-            self._reap()
+        if self._calls.abandoned:
+            self._calls.reap()
         self._writer.submit(step, on_committed)
 
     def _write_transaction(self, steps: Sequence[StepWrites]) -> None:
@@ -284,7 +248,7 @@ class Transactions:
     def send_offsets(self, positions: list[TopicPartition], group_metadata: Any) -> None:
         producer, timeout = self.producer, self.kafka_timeout_s
         assert producer is not None
-        self._bounded(
+        self._calls.bounded(
             "send_offsets_to_transaction",
             lambda: producer.send_offsets_to_transaction(positions, group_metadata, timeout),
             timeout,
@@ -295,7 +259,9 @@ class Transactions:
         stuck (abandoned: whatever it does later no longer counts)."""
         producer, timeout = self.producer, self.kafka_timeout_s
         assert producer is not None
-        self._bounded("commit_transaction", lambda: producer.commit_transaction(timeout), timeout)
+        self._calls.bounded(
+            "commit_transaction", lambda: producer.commit_transaction(timeout), timeout
+        )
 
     def join(self) -> None:
         """Wait until every queued step is committed or the writer stopped on a failure,
@@ -377,7 +343,9 @@ class Transactions:
             return False  # nothing to abort on a producer without transactions yet
         timeout = self.closing_timeout_s or self.kafka_timeout_s
         try:
-            self._bounded("abort_transaction", lambda: producer.abort_transaction(timeout), timeout)
+            self._calls.bounded(
+                "abort_transaction", lambda: producer.abort_transaction(timeout), timeout
+            )
             return True
         except StuckCallError as exc:
             log.warning("%s: the producer will be replaced", exc)
@@ -396,24 +364,3 @@ def _indefinite(exc: BaseException) -> bool:
     """A timeout whose request may still land: its outcome is unknown (INDEFINITE_CODES)."""
     error = kafka_error(exc)
     return error is not None and error.code() in INDEFINITE_CODES
-
-
-def _close_retired(producer: Producer, bound: float) -> None:
-    """A producer replaced with no call inside it (after an indefinite outcome, a fatal error,
-    or once its stuck call returned): purged, flushed and closed on a daemon thread, so its
-    threads and sockets do not pile up. Closed, not only dropped: a reference left anywhere (an
-    exception's traceback kept by a log record, a cycle the collector has not reached) would
-    keep the handle alive (issue 43's soak: one more handle, +13 fds, after each such fault)."""
-
-    def close() -> None:
-        try:
-            producer.purge()
-            producer.flush(bound)
-        except (KafkaException, RuntimeError) as exc:
-            log.debug("closing a retired producer: %s", exc)
-        try:
-            producer.close()  # destroys the handle whoever still references the object
-        except (KafkaException, RuntimeError) as exc:
-            log.debug("closing a retired producer: %s", exc)
-
-    threading.Thread(target=close, name="codeclog-retire", daemon=True).start()

@@ -3,13 +3,14 @@
 `Assembler` yields `ListenerChunk`s per (request, epoch), in window order (window_index;
 sample_offset places the PCM), each window once, with a clear end of stream (`end == "final"` on
 the epoch's final window). A missing window is waited for until committed copies prove it was
-never written (`_bound_pending`): a lost live copy is no gap. A later copy of a window is
-compared with the first (bytes within a determinism domain, the numeric bound of
-consumers.readers.audio_compare across domains), counted, and never played twice. A
-speculative listener gets two copies of every window (the live one, then the committed one,
-docs/listening.md) and more after a re-decode: the committed copy that matches the window
-played counts as its confirmation (`confirmed`), any other identical copy as a duplicate.
-consumers/readers/listener.py feeds it from Kafka.
+never written: a lost live copy is no gap. A later copy of a window is compared with the first
+(bytes within a determinism domain, the numeric bound of consumers.readers.audio_compare across
+domains), counted, and never played twice. A speculative listener gets two copies of every
+window (the live one, then the committed one, docs/listening.md) and more after a re-decode: the
+committed copy that matches the window played counts as its confirmation (`confirmed`), any
+other identical copy as a duplicate. consumers/readers/listener.py feeds it from Kafka. One
+stream's windows, in order and compared, are `consumers.readers.epoch_stream.EpochStream`; the
+Assembler keeps the streams.
 
 Memory is bounded (ListenerConfig): at most `max_open_streams` open streams (the least recently
 opened is ended with `end == "evicted"` beyond it), per stream at most `max_pending` windows
@@ -29,80 +30,20 @@ upstream, and such streams would otherwise stay open, with their kept PCM, until
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 from collections.abc import Iterable
 
-from codeclog.consumers.readers.audio_compare import compare_bound, pcm_digest
+from codeclog.consumers.readers.audio_compare import pcm_digest
 from codeclog.consumers.readers.deliveries import (
     ListenerChunk,
     ListenerConfig,
     ListenerStats,
     StreamReport,
 )
+from codeclog.consumers.readers.epoch_stream import EpochStream, Held
 from codeclog.schemas.records import AudioChunk
 
 log = logging.getLogger("codeclog.listen")
-
-
-@dataclasses.dataclass(slots=True)
-class _Seen:
-    sha256: str
-    domain: str
-    pcm: bytes | None
-    confirmed: bool = False  # its committed copy arrived (or was the copy played)
-
-
-@dataclasses.dataclass(slots=True)
-class _Held:
-    """The first copy of a window not played yet: when it arrived, whether it is the committed
-    copy, whether a committed copy of it arrived (it is then confirmed when played)."""
-
-    chunk: AudioChunk
-    arrived: float
-    written_at_ms: int
-    committed: bool
-    confirmed: bool = False
-
-
-class _Stream:
-    __slots__ = (
-        "ended_at",
-        "heard_at",
-        "last_at",
-        "next_index",
-        "next_sample",
-        "pcm_kept",
-        "pending",
-        "report",
-        "seen",
-        "successors",
-    )
-
-    def __init__(self, request_id: str, epoch: int) -> None:
-        self.report = StreamReport(request_id, epoch)
-        self.next_index = 0
-        self.next_sample = 0
-        self.pending: dict[int, _Held] = {}
-        self.seen: collections.OrderedDict[int, _Seen] = collections.OrderedDict()
-        self.pcm_kept: collections.deque[int] = collections.deque()
-        self.last_at: float | None = None
-        self.heard_at = 0.0  # listener clock: when a copy of any of its windows last came
-        self.ended_at = 0.0  # listener clock: when it ended, or was replaced by a newer epoch
-        # live copies of a newer epoch that came while this one was open: folded once it ends
-        self.successors: list[_Held] = []
-
-    @property
-    def epoch(self) -> int:
-        return self.report.cache_epoch
-
-    @property
-    def ended(self) -> bool:
-        return self.report.end is not None
-
-    def buffered_bytes(self) -> int:
-        held = sum(len(h.chunk.pcm_s16le) for h in (*self.pending.values(), *self.successors))
-        return held + sum(len(s.pcm) for s in self.seen.values() if s.pcm is not None)
 
 
 class Assembler:
@@ -118,17 +59,19 @@ class Assembler:
         self.requests = frozenset(requests)
         self.epoch_floor = dict(epoch_floor or {})  # request -> its current epoch at start
         self.stats = ListenerStats()
-        self._open: collections.OrderedDict[str, _Stream] = collections.OrderedDict()
-        self._ended: collections.OrderedDict[str, _Stream] = collections.OrderedDict()
+        self._open: collections.OrderedDict[str, EpochStream] = collections.OrderedDict()
+        self._ended: collections.OrderedDict[str, EpochStream] = collections.OrderedDict()
         # streams a newer epoch of their request replaced (digests only), by (request, epoch)
-        self._older: collections.OrderedDict[tuple[str, int], _Stream] = collections.OrderedDict()
+        self._older: collections.OrderedDict[tuple[str, int], EpochStream] = (
+            collections.OrderedDict()
+        )
         # every ended stream's report, superseded epochs included (_ended keeps one per request)
         self._finished: collections.deque[StreamReport] = collections.deque(
             maxlen=self.config.max_ended
         )
         self._expired_at = 0.0  # listener clock: the last look for idle streams
         # copies held for a stream that has ended since: folded next (`_replay`)
-        self._released: collections.deque[_Held] = collections.deque()
+        self._released: collections.deque[Held] = collections.deque()
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -181,10 +124,10 @@ class Assembler:
             log.warning("corrupt window %s epoch %d #%d dropped", rid, chunk.cache_epoch,
                         chunk.window_index)  # fmt: skip
             return []
-        copy = _Held(chunk, now, written_at_ms, committed, committed)
+        copy = Held(chunk, now, written_at_ms, committed, committed)
         return self._fold(copy, now) + self._replay(now)
 
-    def _fold(self, copy: _Held, now: float) -> list[ListenerChunk]:
+    def _fold(self, copy: Held, now: float) -> list[ListenerChunk]:
         chunk, rid = copy.chunk, copy.chunk.request_id
         out: list[ListenerChunk] = []
         stream = self._open.get(rid) or self._ended.get(rid)
@@ -205,14 +148,14 @@ class Assembler:
                 while len(self._older) > self.config.max_ended:
                     self._older.popitem(last=False)
                 self._forget_ended(now)
-            stream = _Stream(rid, chunk.cache_epoch)
+            stream = EpochStream(rid, chunk.cache_epoch, self.config, self.stats, self._retire)
             self._open[rid] = stream
             out += self._enforce_cap(now)
         stream.heard_at = now
-        out += self._window(stream, copy, now)
+        out += stream.window(copy, now)
         return out
 
-    def _hold_successor(self, stream: _Stream, copy: _Held) -> None:
+    def _hold_successor(self, stream: EpochStream, copy: Held) -> None:
         """A live copy of a newer epoch while `stream` is open: held until the stream ends (its
         final window played, or a committed copy of a newer epoch proves it over: an epoch's
         committed copies all come before the next epoch's), so that windows of it whose live
@@ -255,174 +198,18 @@ class Assembler:
             out += self._replay(now)
         return out
 
-    def _window(self, stream: _Stream, copy: _Held, now: float) -> list[ListenerChunk]:
-        index = copy.chunk.window_index
-        if index < stream.next_index or index in stream.pending:
-            self._later_copy(stream, copy.chunk, copy.committed)
-            held = index in stream.pending  # its committed copy may prove a gap before it
-            return self._bound_pending(stream, now) if held else []
-        if stream.ended:
-            self.stats.after_final += 1
-            return []
-        stream.pending[index] = copy
-        out = self._drain(stream, now)
-        if stream.pending:
-            out += self._bound_pending(stream, now)
-        return out
-
-    def _bound_pending(self, stream: _Stream, now: float) -> list[ListenerChunk]:
-        """Windows held behind a gap: skip it once committed copies prove it (an epoch's
-        committed copies come in window order, so a committed final, or more than
-        `max_pending` committed copies, beyond it say its windows were never written), else
-        wait for its committed copies, setting aside the newest live copies beyond
-        `max_pending` (their committed copies will play them): a live copy is best effort, and
-        one lost is no gap."""
-        # `confirmed`: its committed copy has arrived (it is that copy, or that copy came for it)
-        proven = [h for h in stream.pending.values() if h.confirmed]
-        if len(proven) > self.config.max_pending or any(h.chunk.final for h in proven):
-            return self._skip_gap(stream, now)
-        while len(stream.pending) > self.config.max_pending:
-            live = [i for i, h in stream.pending.items() if not h.confirmed]
-            del stream.pending[max(live)]
-            self.stats.live_set_aside += 1
-        return []
-
-    def _drain(self, stream: _Stream, now: float) -> list[ListenerChunk]:
-        out = []
-        while stream.next_index in stream.pending and not stream.ended:
-            out.append(self._deliver(stream, stream.pending.pop(stream.next_index), now))
-        return out
-
-    def _skip_gap(self, stream: _Stream, now: float) -> list[ListenerChunk]:
-        out: list[ListenerChunk] = []
-        while stream.pending and not stream.ended:
-            first = min(stream.pending)
-            missing = first - stream.next_index
-            stream.report.gap_windows += missing
-            self.stats.gap_windows += missing
-            log.warning("request %s epoch %d: windows %d..%d never arrived", stream.report.
-                        request_id, stream.epoch, stream.next_index, first - 1)  # fmt: skip
-            stream.next_index = first
-            out += self._drain(stream, now)
-        return out
-
-    def _deliver(self, stream: _Stream, held: _Held, now: float) -> ListenerChunk:
-        chunk, arrived = held.chunk, held.arrived
-        report = stream.report
-        gap = max(0, chunk.sample_offset - stream.next_sample) if stream.next_index > 0 else 0
-        if stream.next_index == 0:
-            gap = max(0, chunk.sample_offset)
-        report.gap_samples += gap
-        samples = len(chunk.pcm_s16le) // 2
-        stream.next_index = chunk.window_index + 1
-        stream.next_sample = chunk.sample_offset + samples
-        report.windows += 1
-        report.samples += samples
-        if report.first_audio_latency_s is None and chunk.source_produced_at_ms > 0:
-            report.first_audio_latency_s = max(0.0, arrived - chunk.source_produced_at_ms / 1000)
-        if stream.last_at is not None:
-            report.max_interval_s = max(report.max_interval_s, now - stream.last_at)
-        stream.last_at = now
-        self._remember(stream, chunk, held.confirmed)
-        self.stats.delivered += 1
-        if held.confirmed:
-            report.confirmed += 1
-            self.stats.confirmed += 1
-        if chunk.final:
-            report.end = "final"
-            self._retire(stream, now)
-        return ListenerChunk(
-            chunk.request_id,
-            chunk.cache_epoch,
-            chunk.window_index,
-            chunk.sample_offset,
-            chunk.sample_rate_hz,
-            chunk.pcm_s16le,
-            chunk.final,
-            report.end,
-            gap,
-            arrived,
-            chunk.source_produced_at_ms,
-            chunk.determinism_domain,
-            held.written_at_ms,
-            held.committed,
-        )
-
-    def _remember(self, stream: _Stream, chunk: AudioChunk, confirmed: bool) -> None:
-        keep = self.config.keep_pcm > 0
-        stream.seen[chunk.window_index] = _Seen(
-            chunk.sha256, chunk.determinism_domain, chunk.pcm_s16le if keep else None, confirmed
-        )
-        if keep:
-            stream.pcm_kept.append(chunk.window_index)
-            while len(stream.pcm_kept) > self.config.keep_pcm:
-                old = stream.seen.get(stream.pcm_kept.popleft())
-                if old is not None:
-                    old.pcm = None
-        while len(stream.seen) > self.config.keep_digests:
-            stream.seen.popitem(last=False)
-
     def _older_copy(self, chunk: AudioChunk, committed: bool) -> None:
         """A copy of an epoch its request has left: never played; it confirms (or duplicates)
         a window the older stream played (a committed copy can come after the live copy of
         the next epoch's first window), else it is stale."""
         older = self._older.get((chunk.request_id, chunk.cache_epoch))
         if older is not None and chunk.window_index in older.seen:
-            self._later_copy(older, chunk, committed)
+            older.later_copy(chunk, committed)
         else:
             self.stats.stale += 1
 
-    def _later_copy(self, stream: _Stream, chunk: AudioChunk, committed: bool) -> None:
-        held = stream.pending.get(chunk.window_index)
-        if held is not None:
-            first = _Seen(held.chunk.sha256, held.chunk.determinism_domain, held.chunk.pcm_s16le)
-        else:
-            found = stream.seen.get(chunk.window_index)
-            if found is None:
-                stream.report.uncompared += 1
-                self.stats.uncompared += 1
-                return
-            first = found
-        if first.sha256 == chunk.sha256:
-            self._same(stream, held, first, committed)
-            return
-        same_domain = first.domain == chunk.determinism_domain and first.domain != ""
-        if not same_domain and first.pcm is not None:
-            verdict = compare_bound(first.pcm, chunk.pcm_s16le, self.config.bound)
-            if verdict.ok:
-                self.stats.differs_within_bound += 1
-                self._same(stream, held, first, committed)
-                return
-        elif not same_domain:
-            stream.report.uncompared += 1
-            self.stats.uncompared += 1
-            return
-        stream.report.mismatches += 1
-        self.stats.mismatches += 1
-        log.warning(
-            "request %s epoch %d window %d: a later copy differs (%s vs %s); the first was played",
-            chunk.request_id,
-            chunk.cache_epoch,
-            chunk.window_index,
-            first.domain or "unknown",
-            chunk.determinism_domain or "unknown",
-        )
-
-    def _same(self, stream: _Stream, held: _Held | None, first: _Seen, committed: bool) -> None:
-        """A later copy equal to the first: the committed one confirms it, others duplicate."""
-        if held is not None and committed and not held.confirmed:
-            held.confirmed = True  # counted when it is played
-            return
-        if held is None and committed and not first.confirmed:
-            first.confirmed = True
-            stream.report.confirmed += 1
-            self.stats.confirmed += 1
-            return
-        stream.report.duplicates += 1
-        self.stats.duplicates += 1
-
-    def _end(self, stream: _Stream, reason: str, now: float) -> list[ListenerChunk]:
-        out = self._skip_gap(stream, now)
+    def _end(self, stream: EpochStream, reason: str, now: float) -> list[ListenerChunk]:
+        out = stream.skip_gap(now)
         if stream.ended:
             return out
         stream.report.end = reason
@@ -434,16 +221,11 @@ class Assembler:
         )  # fmt: skip
         return out
 
-    def _retire(self, stream: _Stream, now: float) -> None:
+    def _retire(self, stream: EpochStream, now: float) -> None:
         rid = stream.report.request_id
         stream.ended_at = now
         self._open.pop(rid, None)
-        stream.pending.clear()
-        self._released.extend(stream.successors)
-        stream.successors.clear()
-        for seen in stream.seen.values():
-            seen.pcm = None
-        stream.pcm_kept.clear()
+        self._released.extend(stream.release())
         self._ended[rid] = stream
         self._ended.move_to_end(rid)
         self._finished.append(stream.report)

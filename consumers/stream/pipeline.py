@@ -15,8 +15,9 @@ request only (dead letter `vocoder_failed`, the stream is evicted from the fold)
 in the batch is affected.
 
 Its parts, each in a module of its own: `wire_input` (a record to an event, or why it is
-refused), `dead_letter`, `vocoder_streams` (the vocoder side of each open epoch), `audio` (the
-AudioChunk a window becomes, and per-request accounting), `engine` (what an engine must state).
+refused), `dead_letter`, `rounds` (the windows one decode call takes), `vocoder_streams` (the
+vocoder side of each open epoch), `audio` (the AudioChunk a window becomes, and per-request
+accounting), `engine` (what an engine must state).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from codeclog.consumers.stream.audio import RequestAudio, audio_chunk
+from codeclog.consumers.stream.audio import RequestAudio
 from codeclog.consumers.stream.dead_letter import DEAD_LETTER_RAW_LIMIT, dead_letter
 from codeclog.consumers.stream.engine import (
     EngineFacts,
@@ -49,6 +50,7 @@ from codeclog.consumers.stream.fold.report import ReportBuilder
 from codeclog.consumers.stream.fold.size import remembered_requests, state_bytes
 from codeclog.consumers.stream.fold.state import FoldConfig, FoldState, new_state
 from codeclog.consumers.stream.limit import EVICTED_BY_CAP
+from codeclog.consumers.stream.rounds import Pending, Window, next_round
 from codeclog.consumers.stream.vocoder_streams import (
     Item,
     Result,
@@ -58,15 +60,6 @@ from codeclog.consumers.stream.vocoder_streams import (
 from codeclog.consumers.stream.wire_input import Refusal, decode_input
 from codeclog.kafka.records import InputRecord, Position
 from codeclog.schemas.records import AudioChunk, DeadLetter
-from codeclog.vocoder.shared import pcm_s16le
-
-
-@dataclasses.dataclass(slots=True)
-class _Window:
-    """A decode window waiting for its round, with the record that completed it."""
-
-    decode: Decode
-    record: InputRecord | None
 
 
 @dataclasses.dataclass(slots=True)
@@ -116,7 +109,10 @@ class AudioPipeline:
         config: PipelineConfig,
         engine: VocoderEngine | None,
         clock_ms: Callable[[], int] | None = None,
+        report_builder: ReportBuilder | None = None,
     ) -> None:
+        """`report_builder` is given every folded event and its outcomes (`report()`); by
+        default a ReportBuilder of the fold's policy."""
         self.config = config
         self.engine = engine
         self._facts = engine if isinstance(engine, EngineFacts) else None
@@ -127,7 +123,9 @@ class AudioPipeline:
         self._folds: dict[int, FoldState] = {}
         self._vocoder = VocoderStreams(engine)
         self._partition_of: dict[str, int] = {}
-        self.report_builder = ReportBuilder(config.fold.policy)
+        if report_builder is None:
+            report_builder = ReportBuilder(config.fold.policy)
+        self._report_builder = report_builder
         self.audio: dict[str, RequestAudio] = {}
         self._emitting = True
 
@@ -137,7 +135,7 @@ class AudioPipeline:
         """Process records (log order per partition). With emit=False nothing is reported:
         the step only rebuilds fold and vocoder state (recovery)."""
         out = StepOutput()
-        pending: dict[str, list[_Window | Outcome]] = {}
+        pending: Pending = {}
         self._emitting = emit
         try:
             for record in records:
@@ -156,7 +154,7 @@ class AudioPipeline:
     def step_events(self, events: Iterable[Event]) -> StepOutput:
         """Process already-decoded events (JSONL scenarios): one partition, no raw bytes."""
         out = StepOutput()
-        pending: dict[str, list[_Window | Outcome]] = {}
+        pending: Pending = {}
         for index, event in enumerate(events):
             out.records += 1
             record = InputRecord(Position("", 0, index), event.request_id.encode(), b"")
@@ -220,7 +218,7 @@ class AudioPipeline:
 
     def report(self) -> dict[str, Any]:
         """The fold report so far; with audio accounting, per-request audio too."""
-        result = self.report_builder.result()
+        result = self._report_builder.result()
         if self.config.record_audio:
             for rid, entry in result["requests"].items():
                 audio = self.audio.get(rid, RequestAudio())
@@ -240,7 +238,7 @@ class AudioPipeline:
         self,
         event: Event,
         record: InputRecord,
-        pending: dict[str, list[_Window | Outcome]],
+        pending: Pending,
         out: StepOutput,
         emit: bool,
     ) -> None:
@@ -253,7 +251,7 @@ class AudioPipeline:
         if after is not None and after != before:
             out.epoch_starts[rid] = record.position.offset
         if emit and self.config.report:
-            self.report_builder.add(event, outcomes)
+            self._report_builder.add(event, outcomes)
         self._partition_of[rid] = partition
         out.touched[rid] = partition
         out.last_offsets[rid] = record.position.offset
@@ -281,11 +279,11 @@ class AudioPipeline:
         self,
         outcome: Outcome,
         record: InputRecord,
-        pending: dict[str, list[_Window | Outcome]],
+        pending: Pending,
         out: StepOutput,
     ) -> None:
         if isinstance(outcome, Decode):
-            pending.setdefault(outcome.request_id, []).append(_Window(outcome, record))
+            pending.setdefault(outcome.request_id, []).append(Window(outcome, record))
         elif isinstance(outcome, Release | Abandoned):
             pending.setdefault(outcome.request_id, []).append(outcome)
         elif isinstance(outcome, Duplicate):
@@ -300,30 +298,16 @@ class AudioPipeline:
 
     # -- vocoder rounds ------------------------------------------------------------------------
 
-    def _run_rounds(self, pending: dict[str, list[_Window | Outcome]], out: StepOutput) -> None:
+    def _run_rounds(self, pending: Pending, out: StepOutput) -> None:
         while pending:
-            batch: list[_Window] = []
-            for rid in list(pending):
-                queue = pending[rid]
-                while queue and not isinstance(queue[0], _Window):
-                    ended = queue.pop(0)
-                    assert not isinstance(ended, _Window)
-                    self._end_epoch(rid, ended)
-                if queue and len(batch) < self.config.max_batch:
-                    window = queue.pop(0)
-                    assert isinstance(window, _Window)
-                    batch.append(window)
-                if not queue:
-                    del pending[rid]
+            batch = next_round(pending, self.config.max_batch, self._end_epoch)
             if batch:
                 self._decode_round(batch, pending, out)
 
     def _end_epoch(self, rid: str, outcome: Outcome) -> None:
         self._vocoder.end_epoch(rid, getattr(outcome, "cache_epoch", None))
 
-    def _decode_round(
-        self, batch: list[_Window], pending: dict[str, list[_Window | Outcome]], out: StepOutput
-    ) -> None:
+    def _decode_round(self, batch: list[Window], pending: Pending, out: StepOutput) -> None:
         out.windows += len(batch)
         if self.engine is None:
             return
@@ -348,35 +332,22 @@ class AudioPipeline:
 
     def _emit(
         self,
-        window: _Window,
+        window: Window,
         stream: VocoderStream,
         result: Result,
         out: StepOutput,
     ) -> None:
-        samples, new_state = result
-        stream.state = new_state
-        pcm = pcm_s16le(samples)
-        decode = window.decode
-        chunk = audio_chunk(
-            decode,
-            stream.window_index,
-            stream.samples_emitted,
-            pcm,
-            self.config.producer_id,
-            self.domain,
-        )
-        stream.window_index += 1
-        stream.samples_emitted += len(pcm) // 2
+        chunk = stream.emit(window.decode, result, self.config.producer_id, self.domain)
         out.audio.append(chunk)
         if self.config.record_audio and self._emitting:
-            audio = self.audio.setdefault(decode.request_id, RequestAudio())
+            audio = self.audio.setdefault(window.decode.request_id, RequestAudio())
             audio.add(chunk, self.config.keep_pcm)
 
     def _vocoder_failed(
         self,
-        window: _Window,
+        window: Window,
         error: Exception,
-        pending: dict[str, list[_Window | Outcome]],
+        pending: Pending,
         out: StepOutput,
     ) -> None:
         """Evict the request whose window failed alone: it costs that request only."""

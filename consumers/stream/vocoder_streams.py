@@ -1,6 +1,7 @@
-"""The vocoder side of the pipeline: one vocoder stream per request's open epoch, and a batched
-decode that isolates a failure (a failing batch is retried one window at a time, so a window
-that fails alone costs only its own request)."""
+"""The vocoder side of the pipeline: one vocoder stream per request's open epoch, which makes
+its windows' AudioChunks (`VocoderStream.emit`), and a batched decode that isolates a failure
+(a failing batch is retried one window at a time, so a window that fails alone costs only its
+own request)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from codeclog.consumers.stream.audio import audio_chunk
 from codeclog.consumers.stream.engine import VocoderEngine
 from codeclog.consumers.stream.fold.outcomes import Decode
-from codeclog.vocoder.shared import stream_seed
+from codeclog.schemas.records import AudioChunk
+from codeclog.vocoder.shared import pcm_s16le, stream_seed
 
 Item = tuple[Any, Sequence[int], bool]  # (vocoder state, codes, final): one decode_batch item
 Result = tuple[np.ndarray, Any]  # (samples, new vocoder state)
@@ -26,6 +29,18 @@ class VocoderStream:
     state: Any
     window_index: int = 0
     samples_emitted: int = 0
+
+    def emit(self, decode: Decode, result: Result, producer_id: str, domain: str) -> AudioChunk:
+        """The AudioChunk of the stream's next window, `decode` decoded to `result`: the
+        stream takes the new vocoder state and moves past the window."""
+        samples, self.state = result
+        pcm = pcm_s16le(samples)
+        chunk = audio_chunk(
+            decode, self.window_index, self.samples_emitted, pcm, producer_id, domain
+        )
+        self.window_index += 1
+        self.samples_emitted += len(pcm) // 2
+        return chunk
 
 
 class VocoderStreams:

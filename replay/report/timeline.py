@@ -4,8 +4,8 @@ The replay report files outcomes per request; the timeline needs them per record
 record's place in the input. This module runs the input through the same state-only pipeline a
 replay without vocoder runs (`consumers.stream.pipeline.AudioPipeline`, configured by
 `replay.runner`), one record per step, and notes what each record caused: the outcomes the fold
-returned for its event (a `ReportBuilder` that remembers the last event it was given) and the
-dead letters of records refused before the fold (undecodable, key mismatch, missing key). No
+returned for its event (the pipeline's `ReportBuilder`, passed in, remembers the last event) and
+the dead letters of records refused before the fold (undecodable, key mismatch, missing key). No
 fold rule is restated here. Steps of one record change nothing the fold decides: its state is
 per event, and without a vocoder nothing depends on how records fall into steps.
 """
@@ -102,7 +102,7 @@ class Timeline:
 
 
 class _LastEvent(ReportBuilder):
-    """The pipeline's report builder, remembering the event it was last given."""
+    """The pipeline's report builder (passed to it), remembering the event it was last given."""
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
@@ -118,8 +118,8 @@ def build_timeline(source: ReplayInput, policy: Policy) -> Timeline:
     """Fold the input record by record under `policy` and mark every record."""
     options = ReplayOptions(policy)
     config = pipeline_config(options, stream_limit_of(source, options, None))
-    pipeline = AudioPipeline(config, None, lambda: 0)
-    builder = pipeline.report_builder = _LastEvent(policy)
+    builder = _LastEvent(policy)
+    pipeline = AudioPipeline(config, None, lambda: 0, report_builder=builder)
     marks: list[Mark] = []
     outcome_records: dict[str, list[int]] = {}
     fatal_index = None

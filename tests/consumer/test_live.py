@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError
 
 from codeclog.consumers.member.live import LiveWriter, live_producer_config
 from codeclog.consumers.member.metrics import VocoderMetrics
-from codeclog.consumers.member.writes import Write
+from codeclog.consumers.member.step_writes import OutputRecord
 
 
 class FullQueue:
@@ -39,7 +39,7 @@ def _writer() -> LiveWriter:
 def test_a_full_queue_drops_the_live_copy_and_never_waits() -> None:
     writer = _writer()
     writer.producer = FullQueue(room=2)  # type: ignore[assignment]
-    writer.write([Write("a.live", "r", bytes([n])) for n in range(3)])
+    writer.write([OutputRecord("a.live", "r", bytes([n])) for n in range(3)])
     assert writer.producer.queued == [b"\x00", b"\x01"]  # type: ignore[union-attr]
     assert writer.producer.polls == [0]  # type: ignore[union-attr]
     assert writer.counts == {"written": 0, "failed": 0, "dropped": 1}
@@ -49,7 +49,7 @@ def test_without_the_live_topic_nothing_is_written(caplog: pytest.LogCaptureFixt
     writer = _writer()
     with caplog.at_level(logging.WARNING, logger="codeclog.vocode"):
         writer.start("a.live", exists=False)
-    writer.write([Write("a.live", "r", b"x")])
+    writer.write([OutputRecord("a.live", "r", b"x")])
     assert writer.producer is None
     assert "topic a.live does not exist: no live copies" in caplog.text
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from codeclog.consumers.member.progress import CheckpointWriter
+from codeclog.consumers.member.progress import CheckpointBuilder
 from codeclog.consumers.member.recovery import restore_folds
 from codeclog.consumers.stream.fold.state import FoldConfig
 from codeclog.consumers.stream.limit import (
@@ -60,7 +60,7 @@ def test_an_eviction_is_written_with_the_record_that_caused_it() -> None:
 
 def test_the_victims_closing_checkpoint_is_written_in_the_same_step() -> None:
     p = pipeline(1)
-    writer = CheckpointWriter(TOPIC, "g", "g-0")
+    writer = CheckpointBuilder(TOPIC, "g", "g-0")
     writer.note_epoch_starts(p.step([record("a", 0, 0)]))
     out = p.step([record("b", 0, 1)])
     writer.note_epoch_starts(out)
@@ -132,7 +132,7 @@ def test_a_restarted_member_evicts_what_an_uninterrupted_one_does(
 
     cut = int(len(records) * where)
     cut -= cut % step
-    first, writer = pipeline(cap), CheckpointWriter(TOPIC, "g", "g-0")
+    first, writer = pipeline(cap), CheckpointBuilder(TOPIC, "g", "g-0")
     newest: dict[str, StreamCheckpoint] = {}
     outs = []
     for start in range(0, cut, step):

@@ -1,5 +1,5 @@
 """A chunk redelivered after a restart is recognised from the restored digests (docs/operating.md,
-"How recovery works", step 2): checkpoints written by CheckpointWriter, restored by restore_folds
+"How recovery works", step 2): checkpoints built by CheckpointBuilder, restored by restore_folds
 into a fresh pipeline, then the redelivered record folded: `duplicate`, no decode window."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codeclog.consumers.member.progress import CheckpointWriter
+from codeclog.consumers.member.progress import CheckpointBuilder
 from codeclog.consumers.member.recovery import restore_folds
 from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig, StepOutput
 from codeclog.kafka.records import InputRecord, Position
@@ -24,7 +24,7 @@ def _pipeline() -> AudioPipeline:
 def _restarted(steps: Sequence[Sequence[InputRecord]]) -> AudioPipeline:
     """A member that ran `steps` and wrote their checkpoints, then a fresh one restored from
     the newest checkpoint of each request (as Recovery does on assignment)."""
-    first, writer = _pipeline(), CheckpointWriter("codec.chunks", "g", "g-0")
+    first, writer = _pipeline(), CheckpointBuilder("codec.chunks", "g", "g-0")
     newest: dict[str, StreamCheckpoint] = {}
     for records in steps:
         out = first.step(records)

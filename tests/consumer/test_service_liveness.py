@@ -17,8 +17,8 @@ from codeclog.consumers.member import transaction as transaction_module
 from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.outage import OutageClock
 from codeclog.consumers.member.service import VocoderService
+from codeclog.consumers.member.step_writes import StepWrites
 from codeclog.consumers.member.transaction import Transactions
-from codeclog.consumers.member.writes import StepWrites
 from codeclog.consumers.stream.pipeline import StepOutput
 from codeclog.kafka import calls as kafka_calls
 from codeclog.kafka.access import KafkaAccessError

@@ -19,8 +19,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.service import VocoderService
+from codeclog.consumers.member.step_writes import OutputRecord, StepWrites
 from codeclog.consumers.member.transaction import Transactions
-from codeclog.consumers.member.writes import StepWrites, Write
 from codeclog.consumers.stream.pipeline import StepOutput
 from codeclog.topics_config import TopicsConfig
 from tests.fake_kafka import FakeTransactional
@@ -142,7 +142,7 @@ class HeldCommit(FakeTransactional):
 
 
 def _step(name: str) -> StepWrites:
-    return StepWrites([Write("audio", name, name.encode())], [], [], None)
+    return StepWrites([OutputRecord("audio", name, name.encode())], [], [], None)
 
 
 def _writing_a(producer: HeldCommit) -> tuple[Transactions, list[str]]:

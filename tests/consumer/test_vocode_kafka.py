@@ -20,7 +20,7 @@ from codeclog.consumers.stream.fold.state import Policy
 from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig
 from codeclog.kafka.reader import read_partition
 from codeclog.kafka.records import InputRecord, Position
-from codeclog.lag.measure import CommittedReader
+from codeclog.lag.readers import CommittedReader
 from codeclog.schemas import wire
 from codeclog.schemas.records import AudioChunk, CodecChunk, DeadLetter
 from tests.consumer.audio_ends import audio_ends

@@ -7,9 +7,9 @@ import hashlib
 
 from confluent_kafka import TopicPartition
 
-from codeclog.consumers.member.writes import (
+from codeclog.consumers.member.step_writes import (
+    OutputRecord,
     StepWrites,
-    Write,
     audio_records,
     live_writes,
     merged,
@@ -50,19 +50,19 @@ def test_the_live_copy_and_the_committed_copy_are_the_same_records() -> None:
     assert all(w.value is c.value for w, c in zip(live, committed, strict=True))  # built once
 
 
-def _checkpoint(key: str, partition: int, value: bytes) -> Write:
-    return Write("p", key, value, partition)
+def _checkpoint(key: str, partition: int, value: bytes) -> OutputRecord:
+    return OutputRecord("p", key, value, partition)
 
 
 def test_merged_steps_keep_their_records_in_order_and_the_newest_checkpoint_per_request() -> None:
     first = StepWrites(
-        [Write("a", "r1", b"w1"), Write("d", "r2", b"dead")],
+        [OutputRecord("a", "r1", b"w1"), OutputRecord("d", "r2", b"dead")],
         [_checkpoint("g\x1fr1", 0, b"r1@1"), _checkpoint("g\x1fr2", 1, b"r2@1")],
         [TopicPartition("c", 0, 5)],
         "meta-1",
     )
     second = StepWrites(
-        [Write("a", "r1", b"w2")],
+        [OutputRecord("a", "r1", b"w2")],
         [_checkpoint("g\x1fr1", 0, b"r1@2")],
         [TopicPartition("c", 0, 9), TopicPartition("c", 1, 3)],
         "meta-2",

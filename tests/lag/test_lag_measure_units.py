@@ -1,4 +1,4 @@
-"""Pure parts of lag.measure: frames per chunk, time lag and audio lag from a head read."""
+"""Pure parts of the lag measurement: frames per chunk, time lag and audio lag from a head read."""
 
 from __future__ import annotations
 
@@ -6,16 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from codeclog.lag.measure import (
+from codeclog.lag.arithmetic import (
     CREATE_TIME_MAX_AGE_MS,
     HeadRead,
     audio_lag_s,
     new_frames,
-    quiet,
     time_lag_s,
     visible_lag,
     wire_frames_of,
 )
+from codeclog.lag.measure import quiet
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 

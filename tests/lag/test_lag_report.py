@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from codeclog.lag.arithmetic import GroupMeasurement, PartitionMeasurement
 from codeclog.lag.evaluator import (
     EvaluatorConfig,
     GroupRule,
@@ -14,7 +15,6 @@ from codeclog.lag.evaluator import (
     PartitionStatus,
     offset_lag,
 )
-from codeclog.lag.measure import GroupMeasurement, PartitionMeasurement
 from codeclog.lag.report import (
     GroupReport,
     build_report,

@@ -28,8 +28,9 @@ from codeclog.replay.capture_format import (
     read_capture,
 )
 from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
+from codeclog.schemas.catalog import known_fingerprints
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
-from codeclog.schemas.wire import encode, known_fingerprints
+from codeclog.schemas.wire import encode
 
 METADATA = CaptureMetadata(
     topic="codec.chunks",

@@ -15,14 +15,13 @@ from confluent_kafka import TopicPartition
 from codeclog.replay.capture import (
     Bound,
     BoundKind,
-    Drainer,
     bound_offsets,
     client_versions,
     key_filter,
     parse_bound,
     plan_spans,
-    record_from_message,
 )
+from codeclog.replay.capture_drain import Drainer, record_from_message
 from codeclog.replay.capture_format import (
     CapturedRecord,
     CaptureMetadata,

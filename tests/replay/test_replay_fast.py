@@ -28,7 +28,7 @@ from codeclog.replay.runner import ReplayOptions, replay, report_json
 from codeclog.replay.scenario import read_scenario
 from codeclog.replay.synthetic import metadata_for, records_from_events, write_capture
 from codeclog.schemas import wire
-from codeclog.schemas.columnar import padded
+from codeclog.schemas.avro_walk import padded
 from codeclog.schemas.records import AudioChunk, CodecChunk, ControlEvent, ControlKind
 from codeclog.testing.upstream_streams import (
     StreamShape,

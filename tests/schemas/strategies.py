@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
-from codeclog.schemas import wire
+from codeclog.schemas import catalog
 from codeclog.schemas.records import (
     AudioChunk,
     CodecChunk,
@@ -53,7 +53,7 @@ class Draws:
 
 def records_of(record_type: type[R], d: Draws) -> st.SearchStrategy[R]:
     """`record_type` with every field of its latest schema drawn from `d`."""
-    schema = json.loads(wire.registry().latest_by_type[record_type].text)
+    schema = json.loads(catalog.registry().latest_by_type[record_type].text)
     hints = typing.get_type_hints(record_type)
     fields = {
         f["name"]: _drawn(f["name"], f["type"], hints[f["name"]], d) for f in schema["fields"]

@@ -13,7 +13,7 @@ from fastavro import parse_schema, schemaless_writer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codeclog.schemas import wire
+from codeclog.schemas import catalog, wire
 from codeclog.schemas.columnar import decode_values
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind, to_dict
 from codeclog.testing.upstream_streams import realistic_events
@@ -47,12 +47,12 @@ def assert_equivalent(values: list[bytes | None]) -> None:
 
 def _v1(chunk: CodecChunk) -> bytes:
     """`chunk` as a codec_chunk.v1 writer wrote it (an older writer: resolved, not walked)."""
-    schema = json.loads(wire.schema_json("codec_chunk", 1))
+    schema = json.loads(catalog.schema_json("codec_chunk", 1))
     fields = {f["name"] for f in schema["fields"]}
     values = {k: v for k, v in to_dict(chunk).items() if k in fields}
     body = io.BytesIO()
     schemaless_writer(body, parse_schema(schema), values)
-    labels = {label: hex_fp for hex_fp, label in wire.known_fingerprints().items()}
+    labels = {label: hex_fp for hex_fp, label in catalog.known_fingerprints().items()}
     fingerprint = bytes.fromhex(labels["codec_chunk.v1"])
     return wire.MARKER + fingerprint + body.getvalue()
 
@@ -117,7 +117,7 @@ def test_non_canonical_varints_and_bad_booleans_are_decoded_like_wire_decode() -
 def test_invalid_utf8_and_out_of_range_ints_are_refused_like_wire_decode() -> None:
     chunk = wire.encode(CodecChunk("ab", (5,)))
     bad_text = chunk.replace(b"ab", b"\xff\xfe", 1)
-    huge = wire.MARKER + wire.fingerprint_of(CodecChunk) + b"\x00\x02" + b"\xff" * 9 + b"\x01"
+    huge = wire.MARKER + catalog.fingerprint_of(CodecChunk) + b"\x00\x02" + b"\xff" * 9 + b"\x01"
     assert_equivalent([bad_text, huge, chunk])
 
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codeclog.errors import CodeclogError
-from codeclog.schemas import wire
+from codeclog.schemas import catalog, wire
 from codeclog.schemas.records import AudioChunk, CodecChunk, ControlEvent, ControlKind, DeadLetter
 
 CHUNK = CodecChunk("r", (1, 2, 3, 4))
@@ -76,10 +76,10 @@ ANY_VALUE = st.one_of(
 )
 
 
-@given(st.sampled_from(sorted(wire.RECORD_TYPES)), st.data())
+@given(st.sampled_from(sorted(catalog.RECORD_TYPES)), st.data())
 def test_exact_checks_never_vouch_for_what_fastavro_refuses(name: str, data: st.DataObject) -> None:
     """encode skips fastavro's validator when the exact checks pass: they must be sound."""
-    version = wire.registry().latest[name]
+    version = catalog.registry().latest[name]
     field, check = data.draw(st.sampled_from(version.value_checks))
     value = data.draw(ANY_VALUE)
     if check(value):

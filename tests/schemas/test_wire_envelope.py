@@ -9,7 +9,7 @@ import json
 import avro.io
 import avro.schema
 
-from codeclog.schemas import wire
+from codeclog.schemas import catalog, wire
 from codeclog.schemas.records import PayloadEntry, PayloadEnvelope, PayloadKind
 
 # Written by payload_envelope.v1 when it was released and never regenerated.
@@ -38,19 +38,19 @@ V1_GOLDEN_DECODED = PayloadEnvelope(
 
 
 def _entry_schema() -> dict[str, object]:
-    schema = json.loads(wire.schema_json("payload_envelope", 1))
+    schema = json.loads(catalog.schema_json("payload_envelope", 1))
     entries = next(f for f in schema["fields"] if f["name"] == "entries")
     return entries["type"]["items"]  # type: ignore[no-any-return]
 
 
 def test_golden_v1_envelope_decodes_and_encodes_to_the_same_bytes() -> None:
-    assert wire.known_fingerprints()[V1_GOLDEN_ENVELOPE[2:10].hex()] == "payload_envelope.v1"
+    assert catalog.known_fingerprints()[V1_GOLDEN_ENVELOPE[2:10].hex()] == "payload_envelope.v1"
     assert wire.decode(V1_GOLDEN_ENVELOPE) == V1_GOLDEN_DECODED
     assert wire.encode(V1_GOLDEN_DECODED) == V1_GOLDEN_ENVELOPE
 
 
 def test_apache_avro_reads_an_envelope_body() -> None:
-    version = wire.registry().latest["payload_envelope"]
+    version = catalog.registry().latest["payload_envelope"]
     reader = avro.io.DatumReader(avro.schema.parse(version.text))
     values = reader.read(avro.io.BinaryDecoder(io.BytesIO(V1_GOLDEN_ENVELOPE[10:])))
     assert isinstance(values, dict)

@@ -14,7 +14,7 @@ import pytest
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
 from fastavro import parse_schema, schemaless_reader
 
-from codeclog.schemas import wire
+from codeclog.schemas import catalog, wire
 from codeclog.schemas.records import AudioChunk, to_dict
 from codeclog.testing.upstream_streams import preroll_window
 
@@ -45,14 +45,14 @@ V1_GOLDEN_DECODED = preroll_window(
 def _pairs() -> list[tuple[str, int, int]]:
     """(name, older, newer) for every two versions of a record type (transitive)."""
     pairs = []
-    for name in wire.RECORD_TYPES:
-        versions = range(1, wire.latest_version(name) + 1)
+    for name in catalog.RECORD_TYPES:
+        versions = range(1, catalog.latest_version(name) + 1)
         pairs += [(name, old, new) for old, new in itertools.combinations(versions, 2)]
     return pairs
 
 
 def _avro(name: str, version: int) -> avro.schema.Schema:
-    return avro.schema.parse(wire.schema_json(name, version))
+    return avro.schema.parse(catalog.schema_json(name, version))
 
 
 def _compatible(reader: avro.schema.Schema, writer: avro.schema.Schema) -> bool:
@@ -75,21 +75,21 @@ def test_old_reads_new_forward(name: str, old: int, new: int) -> None:
 
 
 def _with_field(name: str, field: dict[str, Any]) -> avro.schema.Schema:
-    schema = json.loads(wire.schema_json(name, wire.latest_version(name)))
+    schema = json.loads(catalog.schema_json(name, catalog.latest_version(name)))
     schema["fields"].append(field)
     return avro.schema.parse(json.dumps(schema))
 
 
 def test_checker_catches_a_required_field_without_default() -> None:
     """Control: the compatibility checks above can fail."""
-    latest = _avro("codec_chunk", wire.latest_version("codec_chunk"))
+    latest = _avro("codec_chunk", catalog.latest_version("codec_chunk"))
     bad = _with_field("codec_chunk", {"name": "speaker", "type": "string"})
     assert not _compatible(reader=bad, writer=latest)  # new consumer cannot read old data
     assert _compatible(reader=latest, writer=bad)  # an added field is still forward-safe
 
 
 def test_checker_catches_an_enum_symbol_added_without_default() -> None:
-    schema = json.loads(wire.schema_json("control_event", 1))
+    schema = json.loads(catalog.schema_json("control_event", 1))
     schema["fields"][1]["type"]["symbols"].append("pause")
     newer = avro.schema.parse(json.dumps(schema))
     assert _compatible(reader=newer, writer=_avro("control_event", 1))
@@ -97,7 +97,7 @@ def test_checker_catches_an_enum_symbol_added_without_default() -> None:
 
 
 def test_golden_v1_chunk_decodes_into_latest() -> None:
-    assert wire.known_fingerprints()[V1_GOLDEN_CHUNK[2:10].hex()] == "codec_chunk.v1"
+    assert catalog.known_fingerprints()[V1_GOLDEN_CHUNK[2:10].hex()] == "codec_chunk.v1"
     assert wire.decode(V1_GOLDEN_CHUNK) == V1_GOLDEN_DECODED
 
 
@@ -109,9 +109,9 @@ def test_latest_chunk_reads_with_the_v1_reader_schema() -> None:
 
 def _read_with_v1(name: str, record: Any) -> Any:
     """`record` written with its latest schema, read with the v1 reader schema of `name`."""
-    v1 = parse_schema(json.loads(wire.schema_json(name, 1)))
+    v1 = parse_schema(json.loads(catalog.schema_json(name, 1)))
     data = wire.encode(record)
-    return schemaless_reader(io.BytesIO(data[10:]), wire.registry().latest[name].parsed, v1)
+    return schemaless_reader(io.BytesIO(data[10:]), catalog.registry().latest[name].parsed, v1)
 
 
 def _fields_but(record: Any, dropped: set[str]) -> dict[str, Any]:
@@ -125,11 +125,11 @@ def _default(avro_field: dict[str, Any], record_default: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("name", "version"), [(v.name, v.version) for v in wire.registry().versions]
+    ("name", "version"), [(v.name, v.version) for v in catalog.registry().versions]
 )
 def test_avro_defaults_equal_record_defaults(name: str, version: int) -> None:
-    schema = json.loads(wire.schema_json(name, version))
-    record_fields = {f.name: f for f in dataclasses.fields(wire.RECORD_TYPES[name])}
+    schema = json.loads(catalog.schema_json(name, version))
+    record_fields = {f.name: f for f in dataclasses.fields(catalog.RECORD_TYPES[name])}
     for field in schema["fields"]:
         record_field = record_fields[field["name"]]
         if record_field.default is dataclasses.MISSING:
@@ -138,18 +138,18 @@ def test_avro_defaults_equal_record_defaults(name: str, version: int) -> None:
             assert _default(field, record_field.default) == record_field.default, field["name"]
 
 
-@pytest.mark.parametrize("name", wire.RECORD_TYPES)
+@pytest.mark.parametrize("name", catalog.RECORD_TYPES)
 def test_latest_schema_has_exactly_the_record_fields_in_order(name: str) -> None:
-    schema = json.loads(wire.schema_json(name, wire.latest_version(name)))
+    schema = json.loads(catalog.schema_json(name, catalog.latest_version(name)))
     names = [field["name"] for field in schema["fields"]]
-    assert names == [f.name for f in dataclasses.fields(wire.RECORD_TYPES[name])]
+    assert names == [f.name for f in dataclasses.fields(catalog.RECORD_TYPES[name])]
 
 
 @pytest.mark.parametrize(
-    ("name", "version"), [(v.name, v.version) for v in wire.registry().versions]
+    ("name", "version"), [(v.name, v.version) for v in catalog.registry().versions]
 )
 def test_every_schema_and_field_is_documented(name: str, version: int) -> None:
-    schema = json.loads(wire.schema_json(name, version))
+    schema = json.loads(catalog.schema_json(name, version))
     assert schema["namespace"] == "codeclog"
     assert schema["doc"].strip()
     for field in schema["fields"]:
@@ -157,7 +157,7 @@ def test_every_schema_and_field_is_documented(name: str, version: int) -> None:
 
 
 def test_nullable_fields_put_null_first_with_null_default() -> None:
-    for version in wire.registry().versions:
+    for version in catalog.registry().versions:
         for field in json.loads(version.text)["fields"]:
             if isinstance(field["type"], list):
                 assert field["type"][0] == "null" and field["default"] is None, field["name"]
@@ -187,10 +187,10 @@ BROKEN_FOLDERS: dict[str, tuple[Extra, str]] = {
 
 
 def _copy_schemas(target: Path, extra: Extra) -> None:
-    for path in wire.AVRO_DIR.glob("*.avsc"):
+    for path in catalog.AVRO_DIR.glob("*.avsc"):
         (target / path.name).write_text(path.read_text())
     for new_name, (source, old, new) in extra.items():
-        text = (wire.AVRO_DIR / source).read_text()
+        text = (catalog.AVRO_DIR / source).read_text()
         assert old in text
         (target / new_name).write_text(text.replace(old, new) if old else text)
 
@@ -199,13 +199,13 @@ def _copy_schemas(target: Path, extra: Extra) -> None:
 def test_registry_refuses_a_broken_schema_folder(case: str, tmp_path: Path) -> None:
     extra, message = BROKEN_FOLDERS[case]
     _copy_schemas(tmp_path, extra)
-    with pytest.raises(wire.WireError, match=message):
-        wire.check_folder(tmp_path)
+    with pytest.raises(catalog.WireError, match=message):
+        catalog.check_folder(tmp_path)
 
 
 def test_registry_accepts_the_shipped_folder(tmp_path: Path) -> None:
     _copy_schemas(tmp_path, {})
-    wire.check_folder(tmp_path)
+    catalog.check_folder(tmp_path)
 
 
 # Written by audio_chunk.v1 (fastavro, before v2 existed) and never regenerated.
@@ -218,7 +218,7 @@ V1_GOLDEN_AUDIO = bytes.fromhex(
 
 def test_golden_v1_audio_decodes_with_an_unknown_domain() -> None:
     """Audio written before the determinism domain existed reads as domain "" (unknown)."""
-    assert wire.known_fingerprints()[V1_GOLDEN_AUDIO[2:10].hex()] == "audio_chunk.v1"
+    assert catalog.known_fingerprints()[V1_GOLDEN_AUDIO[2:10].hex()] == "audio_chunk.v1"
     audio = wire.decode(V1_GOLDEN_AUDIO)
     assert isinstance(audio, AudioChunk)
     assert (audio.request_id, audio.window_index, audio.sample_offset) == ("r1", 3, 48000)
@@ -252,7 +252,7 @@ V1_GOLDEN_CHECKPOINT = bytes.fromhex(
 def test_golden_v1_dead_letter_decodes_into_latest_as_whole_and_untruncated() -> None:
     from codeclog.schemas.records import DeadLetter
 
-    assert wire.known_fingerprints()[V1_GOLDEN_DEAD_LETTER[2:10].hex()] == "dead_letter.v1"
+    assert catalog.known_fingerprints()[V1_GOLDEN_DEAD_LETTER[2:10].hex()] == "dead_letter.v1"
     letter = wire.decode(V1_GOLDEN_DEAD_LETTER)
     assert letter == DeadLetter(
         reason="trailing_bytes",
@@ -275,7 +275,7 @@ def test_golden_v1_dead_letter_decodes_into_latest_as_whole_and_untruncated() ->
 def test_golden_v1_checkpoint_decodes_into_latest_without_a_group() -> None:
     from codeclog.schemas.records import StreamCheckpoint
 
-    assert wire.known_fingerprints()[V1_GOLDEN_CHECKPOINT[2:10].hex()] == "stream_checkpoint.v1"
+    assert catalog.known_fingerprints()[V1_GOLDEN_CHECKPOINT[2:10].hex()] == "stream_checkpoint.v1"
     checkpoint = wire.decode(V1_GOLDEN_CHECKPOINT)
     assert checkpoint == StreamCheckpoint(
         "r1",

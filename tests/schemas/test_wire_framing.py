@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codeclog.errors import CodeclogError
-from codeclog.schemas import wire
+from codeclog.schemas import catalog, wire
 from codeclog.schemas.records import (
     AudioChunk,
     CodecChunk,
@@ -70,7 +70,7 @@ def rabin_crc64(data: bytes) -> int:
 
 
 def _labels() -> list[tuple[str, int]]:
-    return [(v.name, v.version) for v in wire.registry().versions]
+    return [(v.name, v.version) for v in catalog.registry().versions]
 
 
 def test_rabin_of_empty_input_is_the_spec_constant() -> None:
@@ -88,15 +88,15 @@ def test_rabin_matches_apache_avro_on_primitive_schemas() -> None:
 def test_fingerprint_is_rabin_of_canonical_form_and_matches_apache_avro(
     name: str, version: int
 ) -> None:
-    schema = avro.schema.parse(wire.schema_json(name, version))
-    ours = next(v for v in wire.registry().versions if v.label == f"{name}.v{version}")
-    assert wire.canonical_form(name, version) == schema.canonical_form
+    schema = avro.schema.parse(catalog.schema_json(name, version))
+    ours = next(v for v in catalog.registry().versions if v.label == f"{name}.v{version}")
+    assert catalog.canonical_form(name, version) == schema.canonical_form
     assert ours.fingerprint == schema.fingerprint("CRC-64-AVRO")
     assert ours.fingerprint == rabin_crc64(ours.canonical_form.encode()).to_bytes(8, "little")
 
 
 def test_released_fingerprints_are_pinned() -> None:
-    assert wire.known_fingerprints() == RELEASED
+    assert catalog.known_fingerprints() == RELEASED
 
 
 def test_no_schema_uses_logical_types() -> None:
@@ -104,7 +104,7 @@ def test_no_schema_uses_logical_types() -> None:
     # writes {"type":"long"}, fastavro and Java "long"; goavro #174; AVRO-4004), which would
     # make our fingerprints unportable. Units live in field names (`_ms`) and docs instead.
     for name, version in _labels():
-        assert "logicalType" not in wire.schema_json(name, version)
+        assert "logicalType" not in catalog.schema_json(name, version)
 
 
 @pytest.mark.parametrize(
@@ -119,20 +119,20 @@ def test_no_schema_uses_logical_types() -> None:
     ],
     ids=lambda record: type(record).__name__,
 )
-def test_frame_is_marker_fingerprint_body(record: wire.Record) -> None:
+def test_frame_is_marker_fingerprint_body(record: catalog.Record) -> None:
     data = wire.encode(record)
-    version = wire.registry().latest_by_type[type(record)]
+    version = catalog.registry().latest_by_type[type(record)]
     assert data[0] == 0xC3 and data[1] == 0x01
-    assert data[2:10] == version.fingerprint == wire.fingerprint_of(type(record))
+    assert data[2:10] == version.fingerprint == catalog.fingerprint_of(type(record))
     assert wire.wire_fingerprint(data) == version.fingerprint
-    assert wire.known_fingerprints()[data[2:10].hex()] == version.label
+    assert catalog.known_fingerprints()[data[2:10].hex()] == version.label
 
 
 def test_apache_avro_reads_our_body() -> None:
     """A foreign implementation decodes the body we frame (interoperability, not just fastavro)."""
     chunk = CodecChunk("req", (4218, 4218, 4218, 5), code_flat_numel=4, duplex_epoch=2**40)
     data = wire.encode(chunk)
-    version = wire.registry().latest["codec_chunk"]
+    version = catalog.registry().latest["codec_chunk"]
     reader = avro.io.DatumReader(avro.schema.parse(version.text))
     values = reader.read(avro.io.BinaryDecoder(io.BytesIO(data[10:])))
     assert isinstance(values, dict)
@@ -193,11 +193,11 @@ def test_decode_error_is_a_codeclog_error_with_one_sentence() -> None:
 
 
 def test_doc_shows_the_current_fingerprint_table() -> None:
-    assert wire.fingerprint_table() in DOC.read_text(encoding="utf-8")
+    assert catalog.fingerprint_table() in DOC.read_text(encoding="utf-8")
 
 
 def test_fingerprint_table_lists_every_version_once() -> None:
-    table = wire.fingerprint_table().splitlines()
+    table = catalog.fingerprint_table().splitlines()
     assert len(table) == 2 + len(RELEASED)
     for fp, label in RELEASED.items():
         assert sum(fp in line and label in line for line in table) == 1

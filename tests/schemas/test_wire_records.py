@@ -11,7 +11,7 @@ from fastavro import schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codeclog.schemas import wire
+from codeclog.schemas import catalog, wire
 from codeclog.schemas.records import (
     AudioChunk,
     CodecChunk,
@@ -35,7 +35,7 @@ FIRST_WINDOW = preroll_window(
     "req-1", range(100, 125), produced_at_ms=1_760_000_000_000, producer_id="talker-0"
 )
 
-EXAMPLES: dict[str, wire.Record] = {
+EXAMPLES: dict[str, catalog.Record] = {
     "first_window": FIRST_WINDOW,
     "stripped_metadata": CodecChunk(request_id="b", codes=(0,)),
     "boundary_placeholder": CodecChunk("r", (0,), chunk_seq=4, code_flat_numel=0),
@@ -83,17 +83,17 @@ EXAMPLES: dict[str, wire.Record] = {
 
 
 @pytest.mark.parametrize("record", EXAMPLES.values(), ids=EXAMPLES.keys())
-def test_example_round_trips_with_its_latest_fingerprint(record: wire.Record) -> None:
+def test_example_round_trips_with_its_latest_fingerprint(record: catalog.Record) -> None:
     data = wire.encode(record)
     assert data[:2] == b"\xc3\x01"
-    assert data[2:10] == wire.fingerprint_of(type(record))
+    assert data[2:10] == catalog.fingerprint_of(type(record))
     decoded = wire.decode(data)
     assert decoded == record
     assert type(decoded) is type(record)
 
 
 @given(records)
-def test_any_record_round_trips(record: wire.Record) -> None:
+def test_any_record_round_trips(record: catalog.Record) -> None:
     decoded = wire.decode(wire.encode(record))
     assert decoded == record
     assert to_dict(decoded) == to_dict(record)
@@ -115,7 +115,7 @@ def test_decode_accepts_bytearray_and_memoryview() -> None:
 
 def _v1_bytes(chunk: CodecChunk) -> bytes:
     """What a producer still on codec_chunk.v1 writes: the v1 fingerprint, the v1 fields."""
-    v1 = next(v for v in wire.registry().versions if v.label == "codec_chunk.v1")
+    v1 = next(v for v in catalog.registry().versions if v.label == "codec_chunk.v1")
     values = {k: v for k, v in to_dict(chunk).items() if k != "streaming_condition_seq"}
     buffer = io.BytesIO()
     buffer.write(wire.MARKER + v1.fingerprint)
@@ -126,12 +126,12 @@ def _v1_bytes(chunk: CodecChunk) -> bytes:
 @given(codec_chunks)
 def test_v1_written_chunk_reads_into_latest_with_new_field_default(chunk: CodecChunk) -> None:
     data = _v1_bytes(chunk)
-    assert wire.known_fingerprints()[data[2:10].hex()] == "codec_chunk.v1"
+    assert catalog.known_fingerprints()[data[2:10].hex()] == "codec_chunk.v1"
     decoded = wire.decode(data)
     assert decoded == dataclasses.replace(chunk, streaming_condition_seq=None)
 
 
-def _assert_only_decode_error(data: bytes) -> wire.Record | None:
+def _assert_only_decode_error(data: bytes) -> catalog.Record | None:
     """Decoding yields a valid record or a DecodeError that kept the exact input."""
     try:
         record = wire.decode(data)
@@ -170,7 +170,7 @@ def test_damaged_encodings_decode_or_raise_only_decode_error(data: bytes) -> Non
 
 
 @given(records)
-def test_every_truncation_of_a_valid_encoding_is_a_decode_error(record: wire.Record) -> None:
+def test_every_truncation_of_a_valid_encoding_is_a_decode_error(record: catalog.Record) -> None:
     data = wire.encode(record)
     for end in range(len(data)):
         with pytest.raises(wire.DecodeError) as caught:
@@ -184,15 +184,15 @@ def test_every_truncation_of_a_valid_encoding_is_a_decode_error(record: wire.Rec
 
 
 @given(records, st.binary(min_size=1, max_size=8))
-def test_bytes_after_a_complete_record_are_refused(record: wire.Record, extra: bytes) -> None:
+def test_bytes_after_a_complete_record_are_refused(record: catalog.Record, extra: bytes) -> None:
     with pytest.raises(wire.DecodeError) as caught:
         wire.decode(wire.encode(record) + extra)
     assert caught.value.reason is wire.DecodeReason.TRAILING_BYTES
 
 
 @given(records, st.binary(min_size=8, max_size=8))
-def test_unknown_fingerprint_is_named(record: wire.Record, fingerprint: bytes) -> None:
-    if fingerprint.hex() in wire.known_fingerprints():
+def test_unknown_fingerprint_is_named(record: catalog.Record, fingerprint: bytes) -> None:
+    if fingerprint.hex() in catalog.known_fingerprints():
         return
     data = wire.encode(record)
     forged = data[:2] + fingerprint + data[10:]
@@ -208,7 +208,7 @@ def _forged_chunk(field: str, avro_type: Any, value: Any) -> bytes:
 
     Same header as a genuine latest chunk, so the decoder must catch the damage in the body.
     """
-    latest = wire.registry().latest["codec_chunk"]
+    latest = catalog.registry().latest["codec_chunk"]
     schema = {
         "type": "record",
         "name": "Forged",

@@ -4,7 +4,7 @@ meanwhile in one transaction, while the member keeps polling and decoding.
 The member never waits for a transaction on its way from a record to its audio (the live copy,
 consumers/member/live.py, is written before the step is queued). Transactions still run strictly
 one after another, on one producer: the helper thread takes the whole queue, writes it as one
-transaction (`write`, with consumers.member.writes.merged) and commits it, then takes what
+transaction (`write`, with consumers.member.step_writes.merged) and commits it, then takes what
 queued meanwhile. A failure stops the thread and empties the queue (those steps are discarded:
 the member rewinds to the committed offsets and decodes them again); it is kept until the member
 takes it. Each call the thread makes is bounded (kafka.calls.bounded), so it always returns.
@@ -18,16 +18,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from codeclog.consumers.member.writes import StepWrites
+from codeclog.consumers.member.step_writes import StepWrites
 
 Queued = tuple[StepWrites, Callable[[], None]]  # a step and what runs once it committed
-Write = Callable[[Sequence[StepWrites]], None]  # one transaction of the steps, committed
+# writes one transaction of the steps and commits it (Transactions._write_transaction)
+WriteTransaction = Callable[[Sequence[StepWrites]], None]
 
 
 class TransactionWriter:
     """The queue of steps waiting for their transaction, and the one thread writing them."""
 
-    def __init__(self, write: Write, max_queued_bytes: int) -> None:
+    def __init__(self, write: WriteTransaction, max_queued_bytes: int) -> None:
         self._write = write
         self.max_queued_bytes = max_queued_bytes
         self._cond = threading.Condition()

@@ -26,8 +26,8 @@ from codeclog.topics_config import TopicsConfig
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Write:
-    """One record of a step's transaction."""
+class OutputRecord:
+    """One record the member produces: in a step's transaction, or to the live topic."""
 
     topic: str
     key: str
@@ -48,8 +48,8 @@ class StepWrites:
     """All one transaction carries: its records (audio, dead letters), its checkpoints, and the
     positions it consumed to (`send_offsets_to_transaction`, with the group metadata)."""
 
-    records: Sequence[Write]
-    checkpoints: Sequence[Write]
+    records: Sequence[OutputRecord]
+    checkpoints: Sequence[OutputRecord]
     positions: list[TopicPartition]
     group_metadata: Any
 
@@ -64,9 +64,9 @@ def audio_records(out: StepOutput) -> list[AudioRecord]:
     return [AudioRecord(c.request_id, wire.encode(c)) for c in out.audio]
 
 
-def live_writes(audio: Sequence[AudioRecord], topics: TopicsConfig) -> list[Write]:
+def live_writes(audio: Sequence[AudioRecord], topics: TopicsConfig) -> list[OutputRecord]:
     """The live copy of the step's windows (docs/listening.md)."""
-    return [Write(topics.live, a.key, a.value) for a in audio]
+    return [OutputRecord(topics.live, a.key, a.value) for a in audio]
 
 
 def step_writes(
@@ -75,13 +75,15 @@ def step_writes(
     checkpoints: Sequence[tuple[StreamCheckpoint, int]],
     topics: TopicsConfig,
     group: str,
-) -> tuple[list[Write], list[Write]]:
+) -> tuple[list[OutputRecord], list[OutputRecord]]:
     """(records, checkpoints) of the step that made `out` and its encoded `audio`, with its
     checkpoints (checkpoint, partition)."""
-    records = [Write(topics.audio, a.key, a.value) for a in audio]
-    records += [Write(topics.dlq, d.request_id or "", wire.encode(d)) for d in out.dead_letters]
+    records = [OutputRecord(topics.audio, a.key, a.value) for a in audio]
+    records += [
+        OutputRecord(topics.dlq, d.request_id or "", wire.encode(d)) for d in out.dead_letters
+    ]
     progress = [
-        Write(topics.progress, progress_key(group, c.request_id), wire.encode(c), partition)
+        OutputRecord(topics.progress, progress_key(group, c.request_id), wire.encode(c), partition)
         for c, partition in checkpoints
     ]
     return records, progress
@@ -94,7 +96,7 @@ def merged(steps: Sequence[StepWrites]) -> StepWrites:
     rebalance waits for the queue, so they all share one assignment)."""
     if len(steps) == 1:
         return steps[0]
-    newest: dict[tuple[int | None, str], Write] = {}
+    newest: dict[tuple[int | None, str], OutputRecord] = {}
     for step in steps:
         for write in step.checkpoints:
             newest.pop((write.partition, write.key), None)  # keep the order of the newest
