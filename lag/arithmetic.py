@@ -10,7 +10,7 @@ over it (checked on Kafka 4.3.1 / librdkafka 2.16: record 10 consumed, position 
 more poll, 12). A consumer that commits position() only together with its outputs would
 otherwise show lag 1 forever once the topic goes idle, and the evaluator would call it STALL.
 
-Time lag is read, not interpolated (kafka.md C.3): for each lagging partition a short-lived
+Time lag is read, not interpolated (docs/lag.md): for each lagging partition a short-lived
 read_committed consumer `assign()`s the start offset (committed, else the reset position) and
 reads the first visible record (a `HeadRead`); time lag = now - that record's timestamp (clamped
 at 0). A caught-up partition has time lag 0. If the reader reaches the end without a visible
