@@ -68,14 +68,14 @@ takes ownership of the modules it is given (moves, casts, fuses them) and is not
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import enum
-import itertools
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 import numpy as np
 import torch
@@ -105,6 +105,7 @@ from codeclog.vocoder.determinism import (
 from codeclog.vocoder.domain import determinism_domain, engine_domain_suffix
 from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
 from codeclog.vocoder.flow import FlowState, Token2WavFlow
+from codeclog.vocoder.flow.parallel import RowThreads, row_parts
 from codeclog.vocoder.flow.ragged import decode_ragged
 from codeclog.vocoder.flow.stable import per_row_gemms
 from codeclog.vocoder.hift import (
@@ -135,6 +136,7 @@ __all__ = [
 ]
 
 SAMPLE_RATE_HZ = 24000
+T = TypeVar("T")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # exact: equal-shape groups, every row byte-identical to its solo decode (the default);
 # ragged: one flow and one HiFT call per final flag, rows within a measured bound of solo
@@ -538,10 +540,32 @@ class Code2WavEngine:
         slices = _split(group, self.workers if self.batch_invariant else 1)
         self.calls.flow += len(slices)
         self.calls.hift += len(group) if self.batch_invariant else len(slices)
-        if len(slices) == 1:
-            return self._decode_slice(group, group)
+        if len(slices) == 1:  # fewer requests than workers: the flow's rows side by side
+            return self._decode_slice(group, group, self._row_threads())
         futures = [self._workers().submit(self._decode_slice, group, part) for part in slices]
         return [result for future in futures for result in future.result()]
+
+    def _row_threads(self) -> RowThreads | None:
+        """The workers, for a flow whose estimator rows may run in parts (vocoder.flow
+        .parallel): only when batch-invariant (a part's rows are then the whole call's bytes)
+        and when there are workers to spare."""
+        if not self.batch_invariant or self.workers < 2:
+            return None
+        return RowThreads(self._side_by_side, self.workers)
+
+    def _side_by_side(self, tasks: Sequence[Callable[[], T]]) -> list[T]:
+        """Every task, the first in this thread and the others in the workers (each in the
+        engine's scope); all have finished when this returns or raises."""
+        futures = [self._workers().submit(self._in_scope, task) for task in tasks[1:]]
+        try:
+            first = tasks[0]()
+        finally:
+            concurrent.futures.wait(futures)
+        return [first, *(future.result() for future in futures)]
+
+    def _in_scope(self, task: Callable[[], T]) -> T:
+        with self.scope(), torch.inference_mode():
+            return task()
 
     def _decode_ragged(self, group: Sequence[_Window]) -> list[tuple[np.ndarray, StreamState]]:
         """Every window of one final flag in one flow and one HiFT call (vocoder.flow.ragged,
@@ -576,19 +600,22 @@ class Code2WavEngine:
         return self._pool
 
     def _decode_slice(
-        self, group: Sequence[_Window], part: Sequence[_Window]
+        self,
+        group: Sequence[_Window],
+        part: Sequence[_Window],
+        threads: RowThreads | None = None,
     ) -> list[tuple[np.ndarray, StreamState]]:
         with self.scope(), torch.inference_mode():  # per thread: the workers enter them too
-            return self._decode_slice_in_scope(group, part)
+            return self._decode_slice_in_scope(group, part, threads)
 
     def _decode_slice_in_scope(
-        self, group: Sequence[_Window], part: Sequence[_Window]
+        self, group: Sequence[_Window], part: Sequence[_Window], threads: RowThreads | None
     ) -> list[tuple[np.ndarray, StreamState]]:
         final = part[0].final
         tokens = torch.tensor([w.ids for w in part], dtype=torch.long, device=self.device)
         try:
             mel, flow_states = self.flow.decode_chunk_batch(
-                [w.state.flow for w in part], tokens, final
+                [w.state.flow for w in part], tokens, final, threads
             )
         except VocoderInputError as exc:  # the flow checks before computing anything
             indices = tuple(w.index for w in group)  # equal shapes: the whole group is refused
@@ -672,12 +699,7 @@ def _final_groups(windows: Sequence[_Window]) -> list[list[_Window]]:
 
 def _split(items: Sequence[_Window], parts: int) -> list[Sequence[_Window]]:
     """`items` in at most `parts` contiguous slices of near-equal size (order kept)."""
-    count = max(1, min(parts, len(items)))
-    size, extra = divmod(len(items), count)
-    bounds = [0]
-    for index in range(count):
-        bounds.append(bounds[-1] + size + (1 if index < extra else 0))
-    return [items[start:end] for start, end in itertools.pairwise(bounds)]
+    return [items[rows] for rows in row_parts(len(items), parts)]
 
 
 def half_precision_refusal() -> str:
