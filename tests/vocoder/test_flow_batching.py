@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +23,7 @@ from codeclog.vocoder.flow import (
     Token2WavFlow,
     canonical_windows,
 )
+from codeclog.vocoder.flow.parallel import RowThreads
 from codeclog.vocoder.flow.stable import (
     StableConv1d,
     per_row_gemms,
@@ -169,6 +171,34 @@ def test_rechunked_stream_is_identical_whatever_the_batching(
             assert got == expected, (mates, skew)
             # once every cache is trimmed to prompt + 100 frames, all requests share one batch
             assert batch_sizes[-1] == mates + 1, (mates, skew, batch_sizes)
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_estimator_rows_in_parts_equal_one_call(
+    flow: Token2WavFlow, voices: list[FlowState], parts: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The solver may estimate its rows in parts on other threads (vocoder.flow.parallel): every
+    row's mel and caches are the bytes of the one call (forced here: the tiny model's rows are
+    below the size that makes a split worth it)."""
+    monkeypatch.setattr("codeclog.vocoder.flow.cfm.MIN_ROW_MACS", 0)
+    calls: list[int] = []
+
+    def in_scope(task: Callable[[], object]) -> object:
+        with per_row_gemms(), torch.inference_mode():
+            return task()
+
+    def run(tasks: Sequence[Callable[[], object]]) -> list[object]:
+        calls.append(len(tasks))
+        with ThreadPoolExecutor(len(tasks)) as pool:
+            return list(pool.map(in_scope, tasks))
+
+    states = voices[:2]
+    tokens = torch.tensor([stream(40 + i, 28) for i in range(2)])
+    mel, whole = flow.decode_chunk_batch(states, tokens, False)
+    split_mel, split = flow.decode_chunk_batch(states, tokens, False, RowThreads(run, parts))
+    assert calls == [min(parts, 4)] * flow.config.n_timesteps  # 2 requests: 4 estimator rows
+    assert torch.equal(mel, split_mel)
+    assert [s.to_bytes() for s in whole] == [s.to_bytes() for s in split]
 
 
 def test_unequal_signatures_are_refused(flow: Token2WavFlow, voices: list[FlowState]) -> None:
