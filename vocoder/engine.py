@@ -51,10 +51,12 @@ default is a real batched HiFT call; results then depend on the batch compositio
 4.4) and are reproducible for the same stack and batch membership only.
 
 Ragged batching (`batching="ragged"`, opt-in; docs/vocoder.md "Ragged batching"): every
-window of the call in one flow call and one HiFT call per final flag, padded and masked
-(vocoder.flow.ragged, vocoder.hift_ragged); each row within a measured bound of its solo decode,
-not bytewise, so the determinism domain carries ":ragged". `engine.calls` counts flow and HiFT
-calls (vocoder.mixed_batch.decode_calls gives one step's count).
+window of the call in one flow call and one HiFT call per final flag (and per decode worker on
+the CPU, each taking a slice), padded and masked (vocoder.flow.ragged, vocoder.hift_ragged);
+each row within a measured bound of its solo decode, not bytewise, so the determinism domain
+carries ":ragged", and its GEMMs take the whole batch (no per-row GEMMs: the rows' bytes depend
+on their mates anyway). `engine.calls` counts flow and HiFT calls
+(vocoder.mixed_batch.decode_calls gives one step's count).
 
 Failures: every item is validated before any compute (`WindowRejectedError`, a
 `VocoderInputError` with the item index and a stable `reason`). The flow's own checks (prompt
@@ -320,8 +322,11 @@ class Code2WavEngine:
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
         """The engine's kernels for the calling thread (see vocoder.kernels) and, when it is
-        batch-invariant, one GEMM per request row (vocoder.flow.stable.per_row_gemms)."""
-        rows = per_row_gemms() if self.batch_invariant else contextlib.nullcontext()
+        batch-invariant with exact batching, one GEMM per request row (vocoder.flow.stable
+        .per_row_gemms). Ragged rows are within a bound of their solo decode, not its bytes,
+        whatever their GEMMs: a ragged engine's take the whole batch, as a GPU's do."""
+        exact_rows = self.batch_invariant and self.batching == "exact"
+        rows = per_row_gemms() if exact_rows else contextlib.nullcontext()
         with kernel_scope(self.kernels), rows:
             yield
 
@@ -568,21 +573,32 @@ class Code2WavEngine:
             return task()
 
     def _decode_ragged(self, group: Sequence[_Window]) -> list[tuple[np.ndarray, StreamState]]:
-        """Every window of one final flag in one flow and one HiFT call (vocoder.flow.ragged,
-        vocoder.hift_ragged): rows within the documented bound of their solo decode."""
+        """Every window of one final flag in one flow and one HiFT call per decode worker
+        (vocoder.flow.ragged, vocoder.hift_ragged; the group cut into contiguous slices that the
+        workers decode side by side): rows within the documented bound of their solo decode,
+        whatever their batch mates. Every row is checked before any computes."""
         final = group[0].final
-        states = [w.state.flow for w in group]
-        windows = [w.ids for w in group]
-        refused = self.flow.check_ragged(states, windows, final)
+        refused = self.flow.check_ragged(
+            [w.state.flow for w in group], [w.ids for w in group], final
+        )
         if refused:
             index, message = refused
             raise WindowRejectedError(group[index].index, WindowRejectReason.FLOW_REFUSED, message)
-        self.calls.flow += 1
-        self.calls.hift += 1
+        slices = _split(group, self.workers)
+        self.calls.flow += len(slices)
+        self.calls.hift += len(slices)
+        if len(slices) == 1:
+            return self._decode_ragged_slice(group)
+        futures = [self._workers().submit(self._decode_ragged_slice, part) for part in slices]
+        return [result for future in futures for result in future.result()]
+
+    def _decode_ragged_slice(self, part: Sequence[_Window]) -> list[tuple[np.ndarray, StreamState]]:
+        final = part[0].final
         with self.scope(), torch.inference_mode():
-            mels, flow_states = decode_ragged(self.flow, states, windows, final)
-            seeds = [window_seed(w.state.seed, w.state.window_index) for w in group]
-            caches = _noncausal([w.state.hift for w in group])
+            states = [w.state.flow for w in part]
+            mels, flow_states = decode_ragged(self.flow, states, [w.ids for w in part], final)
+            seeds = [window_seed(w.state.seed, w.state.window_index) for w in part]
+            caches = _noncausal([w.state.hift for w in part])
             step = stream_step_ragged(
                 self._scheme_a_hift(), caches, [m.to(torch.float32) for m in mels], final, seeds
             )
@@ -590,7 +606,7 @@ class Code2WavEngine:
         return [
             _advance(w.state, flow_state, cache, samples)
             for w, flow_state, cache, samples in zip(
-                group, flow_states, step.caches, audio, strict=True
+                part, flow_states, step.caches, audio, strict=True
             )
         ]
 
