@@ -161,13 +161,13 @@ class Snake(nn.Module):
     def _per_channel(self) -> tuple[Tensor, Tensor]:
         """α and 1 / (α + 1e-9) as (1, C, 1); kept while α is unchanged (no autograd)."""
         key = (self.alpha._version, self.alpha.data_ptr(), self.alpha.dtype)
-        if self._factors is not None and self._factors[0] == key:
-            return self._factors[1], self._factors[2]
-        alpha = self.alpha.unsqueeze(0).unsqueeze(-1)
-        inverse = 1.0 / (alpha + 1e-9)
-        if not torch.is_grad_enabled():
-            self._factors = (key, alpha, inverse)
-        return alpha, inverse
+        if torch.is_grad_enabled() or self._factors is None or self._factors[0] != key:
+            alpha = self.alpha.unsqueeze(0).unsqueeze(-1)
+            factors = (key, alpha, 1.0 / (alpha + 1e-9))
+            if torch.is_grad_enabled():  # kept tensors would be inference tensors or a graph's
+                return factors[1], factors[2]
+            self._factors = factors
+        return self._factors[1], self._factors[2]
 
 
 class ResBlock(nn.Module):

@@ -199,6 +199,8 @@ class ConditionalFlowMatching(nn.Module):
         same times, so they are kept while the weights, dtype, device and kernels are the same
         (not while autograd records: then computed afresh)."""
         estimator = self.estimator
+        if torch.is_grad_enabled():  # kept tensors are inference tensors: never in a graph
+            return [estimator.condition(t) for t in times]
         key = (
             len(times),
             times[0].dtype,
@@ -209,6 +211,5 @@ class ConditionalFlowMatching(nn.Module):
         if self._conditioning is not None and self._conditioning[0] == key:
             return self._conditioning[1]
         computed = [estimator.condition(t) for t in times]
-        if not torch.is_grad_enabled():
-            self._conditioning = (key, computed)
+        self._conditioning = (key, computed)
         return computed
