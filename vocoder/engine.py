@@ -611,8 +611,18 @@ class Code2WavEngine:
         ]
 
     def _workers(self) -> ThreadPoolExecutor:
+        """The decode workers. Each applies the engine's intra-op thread count to itself when
+        it starts: torch keeps MKL's and OpenMP's counts per thread, and a new thread would
+        otherwise run MKL's GEMMs on every core until its first parallel loop set them (other
+        last bits on some CPUs: an emulated Intel AVX2 CPU gave a stream whose flow rows were
+        split across the workers other audio than the same stream on one worker)."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="code2wav")
+            self._pool = ThreadPoolExecutor(
+                self.workers,
+                thread_name_prefix="code2wav",
+                initializer=torch.set_num_threads,
+                initargs=(self.determinism.threads,),
+            )
         return self._pool
 
     def _decode_slice(
