@@ -30,19 +30,25 @@ every 2 ms in round 1, / B; CUDA: torch's peak allocation above the idle level, 
 Audio: every window of every stream is compared as s16 PCM (max |difference| in LSB, SNR in dB,
 bit-exact windows): codeclog's from its timed rounds, the peer's from one more, untimed pass in
 which its HiFT draws codeclog's noise for each row (bench/vllm_omni_peer.codeclog_noise;
-otherwise it draws from the global RNG, and no two decodes could match). Batch invariance:
+otherwise it draws from the global RNG, and no two decodes could match; on CUDA that pass runs
+its HiFT eagerly, as its graphs replay the noise drawn when they were captured). Batch invariance:
 stream 0's audio at each B against its audio at the first batch size, for both.
 
 Settings the comparison fixes, printed with the results: codeclog runs its defaults for the
 device (on the CPU: native kernels, exact batching, batch-invariant, 1 intra-op thread, one
 decode worker per core up to 4) with the peer's conformer-cache trim rule (`packed`,
 minicpmo-utils 1.0.5's, which vllm-omni 0.30 applies; codeclog's default `per_scale` changes
-the audio from the 4th window on, not the cost); the peer runs torch's default intra-op threads
-for the machine (`--peer-threads`). `--codeclog` adds rows for other codeclog engines (e.g.
-`portable`: the cross-CPU kernels, `ragged`), measured in the same rounds.
+the audio from the 4th window on, not the cost); the peer runs torch's default settings, one row
+per intra-op thread count (`--peer-threads`, default 1 and torch's default for the machine: on
+a shared box a second OpenMP thread can cost more than it gives). `--codeclog` adds rows for
+other codeclog engines (`portable`: the cross-CPU kernels; `ragged`: the opt-in batching whose
+rows are within a bound of solo; `one-worker`), measured in the same rounds.
 
-Output: one line per batch size (codeclog's default engine against the peer), a markdown table
-of every contender, the machine, the settings and the exact command.
+Output: one line per batch size (codeclog's default engine against the fastest peer row), a
+markdown table of every contender, the machine, the settings and the exact command. Expected
+time on 2 CPU cores: the default (tiny) about a minute plus 25 s of imports and building; `--spec
+full --windows 1 --rounds 2` about 9 minutes (b = 16 decodes one window of 16 published-size
+streams per contender and round, 25-40 s each).
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ from bench.peak_memory import PeakMemory
 from bench.vllm_omni_peer import Peer, PeerUnavailableError, codeclog_noise
 from codeclog.consumers.readers.audio_compare import Bound, compare_bound
 from codeclog.vocoder.checkpoint import inspect_checkpoint, load_checkpoint, load_fixture
-from codeclog.vocoder.determinism import apply_determinism, window_seed
+from codeclog.vocoder.determinism import CUBLAS_WORKSPACE_CONFIG, apply_determinism, window_seed
 from codeclog.vocoder.engine import Code2WavEngine, EngineOptions
 from codeclog.vocoder.flow import ConformerTrim, FlowConfig, Token2WavFlow
 from codeclog.vocoder.hift import HiFTGenerator, build_hift
@@ -178,7 +184,8 @@ class VllmOmni:
         if not self.aligned_noise:
             return self.peer.decode(states, windows, final)
         seeds = [window_seed(stream, position) for stream in range(len(states))]
-        with codeclog_noise(seeds, self.peer.hift_config.nb_harmonics + 1):
+        harmonics = self.peer.hift_config.nb_harmonics + 1
+        with self.peer.eager_hift(), codeclog_noise(seeds, harmonics):
             return self.peer.decode(states, windows, final)
 
 
@@ -517,6 +524,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
+    if device.type == "cuda":  # codeclog's deterministic cuBLAS needs it before CUDA starts
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
     started = time.perf_counter()
     defaults = TorchSettings.now()  # before an engine applies codeclog's
     try:

@@ -281,6 +281,17 @@ class Peer:
         with torch.inference_mode():
             return list(self.backend.setup_batch(self.features, batch))
 
+    @contextlib.contextmanager
+    def eager_hift(self) -> Iterator[None]:
+        """Without the HiFT CUDA graphs (which replay the noise drawn at capture): the compare
+        pass, whose noise is codeclog's."""
+        wrapper = self.backend.hift_graph_wrapper
+        self.backend.hift_graph_wrapper = None
+        try:
+            yield
+        finally:
+            self.backend.hift_graph_wrapper = wrapper
+
     def decode(
         self, states: Sequence[Any], windows: Sequence[Sequence[int]], final: bool
     ) -> tuple[list[np.ndarray], list[Any]]:
@@ -304,7 +315,8 @@ def codeclog_noise(seeds: Sequence[int], harmonics: int) -> Iterator[None]:
     def phases(*args: Any, **kwargs: Any) -> Tensor:
         shape = tuple(args[0]) if len(args) == 1 and not isinstance(args[0], int) else args
         if tuple(shape) == (len(seeds), harmonics):
-            return draw_source_noise(seeds, 0, harmonics).phase.clone()
+            drawn = draw_source_noise(seeds, 0, harmonics).phase
+            return drawn.to(kwargs.get("device") or "cpu", kwargs.get("dtype") or drawn.dtype)
         return rand(*args, **kwargs)
 
     def gaussian(like: Tensor, *args: Any, **kwargs: Any) -> Tensor:
