@@ -26,10 +26,11 @@ kernels do with the row count. Outside it (a GPU engine) one call covers the who
 "Once per index" is one batched GEMM call (`torch.baddbmm` / `torch.matmul` over a leading
 axis), not a Python loop: a batched GEMM computes each of its matrices as a lone GEMM of that
 matrix's shape, so every matrix gets the bytes of the one-matrix call whatever the batch count
-(checked for every GEMM shape of the tiny and the published model, batch counts 1-32: natively on
-an AVX-512 Intel CPU and under `qemu-x86_64 -cpu Haswell-v4` and `-cpu EPYC-Rome`, where the
-row-count dependence above is real; tests/vocoder/test_flow_batching.py checks it on the machine
-that runs it). The loop of one call per row it replaces cost the tiny flow 1.7x at batch 16.
+(checked bytewise for the GEMM shapes of the tiny model and of the published one, at batch counts
+up to 32, fewer for the largest published shapes: natively on an AVX-512 Intel CPU and under
+`qemu-x86_64 -cpu Haswell-v4`, where the row-count dependence above is real; not under an
+emulated AMD CPU; tests/vocoder/test_flow_batching.py checks it on the machine that runs it). The
+loop of one call per row it replaced cost the tiny flow 1.7x at batch 16.
 """
 
 from __future__ import annotations
