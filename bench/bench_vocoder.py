@@ -25,7 +25,7 @@ from pathlib import Path
 
 from codeclog.vocoder.engine import Code2WavEngine
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows
-from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift
+from codeclog.vocoder.hift import HiftConfig, HiFTGenerator, build_hift, initialise_hift
 
 SILENCE = 4218
 
@@ -59,9 +59,7 @@ def build_engine(
         return Code2WavEngine.from_spec(
             spec, device=device, dtype=dtype, threads=threads, workers=workers, kernels=kernels
         )
-    hift = build_hift(HiftConfig.full())
-    initialise_hift(hift, 0)
-    flow = Token2WavFlow(FlowConfig.full())
+    flow, hift = published_random_weights()
     return Code2WavEngine(
         flow,
         hift,
@@ -72,6 +70,14 @@ def build_engine(
         spec="full",
         kernels=kernels,
     )
+
+
+def published_random_weights() -> tuple[Token2WavFlow, HiFTGenerator]:
+    """A flow and a HiFT at the published sizes with seeded random weights (no checkpoint
+    needed; every run builds the same numbers)."""
+    hift = build_hift(HiftConfig.full())
+    initialise_hift(hift, 0)
+    return Token2WavFlow(FlowConfig.full()), hift
 
 
 def stream_ids(index: int, windows: int) -> list[int]:

@@ -51,10 +51,12 @@ default is a real batched HiFT call; results then depend on the batch compositio
 4.4) and are reproducible for the same stack and batch membership only.
 
 Ragged batching (`batching="ragged"`, opt-in; docs/vocoder.md "Ragged batching"): every
-window of the call in one flow call and one HiFT call per final flag, padded and masked
-(vocoder.flow.ragged, vocoder.hift_ragged); each row within a measured bound of its solo decode,
-not bytewise, so the determinism domain carries ":ragged". `engine.calls` counts flow and HiFT
-calls (vocoder.mixed_batch.decode_calls gives one step's count).
+window of the call in one flow call and one HiFT call per final flag (and per decode worker on
+the CPU, each taking a slice), padded and masked (vocoder.flow.ragged, vocoder.hift_ragged);
+each row within a measured bound of its solo decode, not bytewise, so the determinism domain
+carries ":ragged", and its GEMMs take the whole batch (no per-row GEMMs: the rows' bytes depend
+on their mates anyway). `engine.calls` counts flow and HiFT calls
+(vocoder.mixed_batch.decode_calls gives one step's count).
 
 Failures: every item is validated before any compute (`WindowRejectedError`, a
 `VocoderInputError` with the item index and a stable `reason`). The flow's own checks (prompt
@@ -68,14 +70,14 @@ takes ownership of the modules it is given (moves, casts, fuses them) and is not
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import enum
-import itertools
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 import numpy as np
 import torch
@@ -105,6 +107,7 @@ from codeclog.vocoder.determinism import (
 from codeclog.vocoder.domain import determinism_domain, engine_domain_suffix
 from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
 from codeclog.vocoder.flow import FlowState, Token2WavFlow
+from codeclog.vocoder.flow.parallel import RowThreads, row_parts
 from codeclog.vocoder.flow.ragged import decode_ragged
 from codeclog.vocoder.flow.stable import per_row_gemms
 from codeclog.vocoder.hift import (
@@ -135,6 +138,7 @@ __all__ = [
 ]
 
 SAMPLE_RATE_HZ = 24000
+T = TypeVar("T")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # exact: equal-shape groups, every row byte-identical to its solo decode (the default);
 # ragged: one flow and one HiFT call per final flag, rows within a measured bound of solo
@@ -318,8 +322,11 @@ class Code2WavEngine:
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
         """The engine's kernels for the calling thread (see vocoder.kernels) and, when it is
-        batch-invariant, one GEMM per request row (vocoder.flow.stable.per_row_gemms)."""
-        rows = per_row_gemms() if self.batch_invariant else contextlib.nullcontext()
+        batch-invariant with exact batching, one GEMM per request row (vocoder.flow.stable
+        .per_row_gemms). Ragged rows are within a bound of their solo decode, not its bytes,
+        whatever their GEMMs: a ragged engine's take the whole batch, as a GPU's do."""
+        exact_rows = self.batch_invariant and self.batching == "exact"
+        rows = per_row_gemms() if exact_rows else contextlib.nullcontext()
         with kernel_scope(self.kernels), rows:
             yield
 
@@ -538,27 +545,60 @@ class Code2WavEngine:
         slices = _split(group, self.workers if self.batch_invariant else 1)
         self.calls.flow += len(slices)
         self.calls.hift += len(group) if self.batch_invariant else len(slices)
-        if len(slices) == 1:
-            return self._decode_slice(group, group)
+        if len(slices) == 1:  # fewer requests than workers: the flow's rows side by side
+            return self._decode_slice(group, group, self._row_threads())
         futures = [self._workers().submit(self._decode_slice, group, part) for part in slices]
         return [result for future in futures for result in future.result()]
 
+    def _row_threads(self) -> RowThreads | None:
+        """The workers, for a flow whose estimator rows may run in parts (vocoder.flow
+        .parallel): only when batch-invariant (a part's rows are then the whole call's bytes)
+        and when there are workers to spare."""
+        if not self.batch_invariant or self.workers < 2:
+            return None
+        return RowThreads(self._side_by_side, self.workers)
+
+    def _side_by_side(self, tasks: Sequence[Callable[[], T]]) -> list[T]:
+        """Every task, the first in this thread and the others in the workers (each in the
+        engine's scope); all have finished when this returns or raises."""
+        futures = [self._workers().submit(self._in_scope, task) for task in tasks[1:]]
+        try:
+            first = tasks[0]()
+        finally:
+            concurrent.futures.wait(futures)
+        return [first, *(future.result() for future in futures)]
+
+    def _in_scope(self, task: Callable[[], T]) -> T:
+        with self.scope(), torch.inference_mode():
+            return task()
+
     def _decode_ragged(self, group: Sequence[_Window]) -> list[tuple[np.ndarray, StreamState]]:
-        """Every window of one final flag in one flow and one HiFT call (vocoder.flow.ragged,
-        vocoder.hift_ragged): rows within the documented bound of their solo decode."""
+        """Every window of one final flag in one flow and one HiFT call per decode worker
+        (vocoder.flow.ragged, vocoder.hift_ragged; the group cut into contiguous slices that the
+        workers decode side by side): rows within the documented bound of their solo decode,
+        whatever their batch mates. Every row is checked before any computes."""
         final = group[0].final
-        states = [w.state.flow for w in group]
-        windows = [w.ids for w in group]
-        refused = self.flow.check_ragged(states, windows, final)
+        refused = self.flow.check_ragged(
+            [w.state.flow for w in group], [w.ids for w in group], final
+        )
         if refused:
             index, message = refused
             raise WindowRejectedError(group[index].index, WindowRejectReason.FLOW_REFUSED, message)
-        self.calls.flow += 1
-        self.calls.hift += 1
+        slices = _split(group, self.workers)
+        self.calls.flow += len(slices)
+        self.calls.hift += len(slices)
+        if len(slices) == 1:
+            return self._decode_ragged_slice(group)
+        futures = [self._workers().submit(self._decode_ragged_slice, part) for part in slices]
+        return [result for future in futures for result in future.result()]
+
+    def _decode_ragged_slice(self, part: Sequence[_Window]) -> list[tuple[np.ndarray, StreamState]]:
+        final = part[0].final
         with self.scope(), torch.inference_mode():
-            mels, flow_states = decode_ragged(self.flow, states, windows, final)
-            seeds = [window_seed(w.state.seed, w.state.window_index) for w in group]
-            caches = _noncausal([w.state.hift for w in group])
+            states = [w.state.flow for w in part]
+            mels, flow_states = decode_ragged(self.flow, states, [w.ids for w in part], final)
+            seeds = [window_seed(w.state.seed, w.state.window_index) for w in part]
+            caches = _noncausal([w.state.hift for w in part])
             step = stream_step_ragged(
                 self._scheme_a_hift(), caches, [m.to(torch.float32) for m in mels], final, seeds
             )
@@ -566,29 +606,42 @@ class Code2WavEngine:
         return [
             _advance(w.state, flow_state, cache, samples)
             for w, flow_state, cache, samples in zip(
-                group, flow_states, step.caches, audio, strict=True
+                part, flow_states, step.caches, audio, strict=True
             )
         ]
 
     def _workers(self) -> ThreadPoolExecutor:
+        """The decode workers. Each applies the engine's intra-op thread count to itself when
+        it starts: torch keeps MKL's and OpenMP's counts per thread, and a new thread would
+        otherwise run MKL's GEMMs on every core until its first parallel loop set them (other
+        last bits on some CPUs: an emulated Intel AVX2 CPU gave a stream whose flow rows were
+        split across the workers other audio than the same stream on one worker)."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="code2wav")
+            self._pool = ThreadPoolExecutor(
+                self.workers,
+                thread_name_prefix="code2wav",
+                initializer=torch.set_num_threads,
+                initargs=(self.determinism.threads,),
+            )
         return self._pool
 
     def _decode_slice(
-        self, group: Sequence[_Window], part: Sequence[_Window]
+        self,
+        group: Sequence[_Window],
+        part: Sequence[_Window],
+        threads: RowThreads | None = None,
     ) -> list[tuple[np.ndarray, StreamState]]:
         with self.scope(), torch.inference_mode():  # per thread: the workers enter them too
-            return self._decode_slice_in_scope(group, part)
+            return self._decode_slice_in_scope(group, part, threads)
 
     def _decode_slice_in_scope(
-        self, group: Sequence[_Window], part: Sequence[_Window]
+        self, group: Sequence[_Window], part: Sequence[_Window], threads: RowThreads | None
     ) -> list[tuple[np.ndarray, StreamState]]:
         final = part[0].final
         tokens = torch.tensor([w.ids for w in part], dtype=torch.long, device=self.device)
         try:
             mel, flow_states = self.flow.decode_chunk_batch(
-                [w.state.flow for w in part], tokens, final
+                [w.state.flow for w in part], tokens, final, threads
             )
         except VocoderInputError as exc:  # the flow checks before computing anything
             indices = tuple(w.index for w in group)  # equal shapes: the whole group is refused
@@ -672,12 +725,7 @@ def _final_groups(windows: Sequence[_Window]) -> list[list[_Window]]:
 
 def _split(items: Sequence[_Window], parts: int) -> list[Sequence[_Window]]:
     """`items` in at most `parts` contiguous slices of near-equal size (order kept)."""
-    count = max(1, min(parts, len(items)))
-    size, extra = divmod(len(items), count)
-    bounds = [0]
-    for index in range(count):
-        bounds.append(bounds[-1] + size + (1 if index < extra else 0))
-    return [items[start:end] for start, end in itertools.pairwise(bounds)]
+    return [items[rows] for rows in row_parts(len(items), parts)]
 
 
 def half_precision_refusal() -> str:

@@ -143,15 +143,31 @@ def _wn_conv(cin: int, cout: int, kernel: int, dilation: int = 1, padding: int =
 
 
 class Snake(nn.Module):
-    """x + sin²(αx)/α with a learned per-channel α (BigVGAN), as upstream computes it."""
+    """x + sin²(αx)/α with a learned per-channel α (BigVGAN), as upstream computes it:
+    `x + (1 / (α + 1e-9)) * sin(x α)²`, with the per-channel factors computed once per value of
+    α and the products and the sum done in place (the same IEEE operations on the same
+    operands, so the same bytes: a square is a product, both are commutative)."""
 
     def __init__(self, channels: int) -> None:
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(channels))
+        self._factors: tuple[tuple[int, int, torch.dtype], Tensor, Tensor] | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        alpha = self.alpha.unsqueeze(0).unsqueeze(-1)
-        return x + (1.0 / (alpha + 1e-9)) * torch.pow(torch.sin(x * alpha), 2)
+        alpha, inverse = self._per_channel()
+        waves = torch.sin(x * alpha)
+        return waves.mul_(waves).mul_(inverse).add_(x)
+
+    def _per_channel(self) -> tuple[Tensor, Tensor]:
+        """α and 1 / (α + 1e-9) as (1, C, 1); kept while α is unchanged (no autograd)."""
+        key = (self.alpha._version, self.alpha.data_ptr(), self.alpha.dtype)
+        if torch.is_grad_enabled() or self._factors is None or self._factors[0] != key:
+            alpha = self.alpha.unsqueeze(0).unsqueeze(-1)
+            factors = (key, alpha, 1.0 / (alpha + 1e-9))
+            if torch.is_grad_enabled():  # kept tensors would be inference tensors or a graph's
+                return factors[1], factors[2]
+            self._factors = factors
+        return self._factors[1], self._factors[2]
 
 
 class ResBlock(nn.Module):

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import codeclog.vocoder.flow.cfm as cfm_module
 from codeclog.consumers.readers.audio_compare import Bound, compare_bound
 from codeclog.vocoder.engine import (
     Code2WavEngine,
@@ -334,6 +335,34 @@ def test_workers_split_a_batch_without_changing_a_byte() -> None:
         ):
             assert np.array_equal(a, b), f"request {i} window {step}"
             assert a_state.to_bytes() == b_state.to_bytes(), f"request {i} window {step}"
+
+
+def test_one_stream_on_two_workers_spreads_its_rows_without_changing_a_byte(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A group with fewer requests than workers hands the workers to the flow, which estimates
+    the conditional and unconditional rows side by side (forced at the tiny sizes, where it is
+    not worth it): the same audio and states as one worker, window after window."""
+    monkeypatch.setattr("codeclog.vocoder.flow.cfm.MIN_ROW_MACS", 0)
+    split = []
+    real = cfm_module.estimate_in_parts
+
+    def counting(*args: object, **kwargs: object) -> object:
+        split.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cfm_module, "estimate_in_parts", counting)
+    one, two = Code2WavEngine.tiny(workers=1), Code2WavEngine.tiny(workers=2)
+    [ids] = _streams(1)
+    states = {engine: engine.setup(seed=stream_seed("solo", 0)) for engine in (one, two)}
+    for window, final in canonical_windows(ids):
+        before = len(split)
+        (a, a_state), (b, b_state) = (
+            engine.decode_batch([(states[engine], window, final)])[0] for engine in (one, two)
+        )
+        assert len(split) > before  # the two-worker engine did split its rows
+        assert np.array_equal(a, b) and a_state.to_bytes() == b_state.to_bytes()
+        states = {one: a_state, two: b_state}
 
 
 @given(st.integers(min_value=0, max_value=40), st.integers(min_value=1, max_value=8))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import given, settings
@@ -22,7 +23,13 @@ from codeclog.vocoder.flow import (
     Token2WavFlow,
     canonical_windows,
 )
-from codeclog.vocoder.flow.stable import StableConv1d, per_row_gemms, stable_linear
+from codeclog.vocoder.flow.parallel import RowThreads
+from codeclog.vocoder.flow.stable import (
+    StableConv1d,
+    per_row_gemms,
+    stable_linear,
+    stable_matmul,
+)
 from tests.vocoder.flow_helpers import PROMPT_TOKENS, prompt, random_ids
 
 pytestmark = pytest.mark.vocoder
@@ -166,6 +173,34 @@ def test_rechunked_stream_is_identical_whatever_the_batching(
             assert batch_sizes[-1] == mates + 1, (mates, skew, batch_sizes)
 
 
+@pytest.mark.parametrize("parts", [2, 3])
+def test_estimator_rows_in_parts_equal_one_call(
+    flow: Token2WavFlow, voices: list[FlowState], parts: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The solver may estimate its rows in parts on other threads (vocoder.flow.parallel): every
+    row's mel and caches are the bytes of the one call (forced here: the tiny model's rows are
+    below the size that makes a split worth it)."""
+    monkeypatch.setattr("codeclog.vocoder.flow.cfm.MIN_ROW_MACS", 0)
+    calls: list[int] = []
+
+    def in_scope(task: Callable[[], object]) -> object:
+        with per_row_gemms(), torch.inference_mode():
+            return task()
+
+    def run(tasks: Sequence[Callable[[], object]]) -> list[object]:
+        calls.append(len(tasks))
+        with ThreadPoolExecutor(len(tasks)) as pool:
+            return list(pool.map(in_scope, tasks))
+
+    states = voices[:2]
+    tokens = torch.tensor([stream(40 + i, 28) for i in range(2)])
+    mel, whole = flow.decode_chunk_batch(states, tokens, False)
+    split_mel, split = flow.decode_chunk_batch(states, tokens, False, RowThreads(run, parts))
+    assert calls == [min(parts, 4)] * flow.config.n_timesteps  # 2 requests: 4 estimator rows
+    assert torch.equal(mel, split_mel)
+    assert [s.to_bytes() for s in whole] == [s.to_bytes() for s in split]
+
+
 def test_unequal_signatures_are_refused(flow: Token2WavFlow, voices: list[FlowState]) -> None:
     _, [ahead] = flow.decode_chunk_batch([voices[1]], torch.tensor([stream(1, 28)]), False)
     with pytest.raises(FlowInputError) as caught:
@@ -195,32 +230,66 @@ def test_stable_linear_batch_rows_equal_solo(batch: int, rows: int, width: int) 
     assert torch.allclose(together, torch.nn.functional.linear(x, weight, bias), atol=1e-4)
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    batch=st.integers(min_value=2, max_value=6),
+    queries=st.integers(min_value=1, max_value=50),
+    keys=st.integers(min_value=1, max_value=160),
+)
+def test_stable_matmul_batch_rows_equal_solo(batch: int, queries: int, keys: int) -> None:
+    """Attention's batched matmuls: one call over every request's heads gives each request the
+    bytes of its own call (the shapes of a tiny-model attention: 2 heads of 16)."""
+    g = torch.Generator().manual_seed(batch * 10_000 + queries * 200 + keys)
+    q = torch.randn(batch, 2, queries, 16, generator=g)
+    k = torch.randn(batch, 2, keys, 16, generator=g)
+    scores = stable_matmul(q, k.transpose(-2, -1))
+    values = stable_matmul(scores, k)
+    for index in range(batch):
+        row = slice(index, index + 1)
+        assert torch.equal(scores[row], stable_matmul(q[row], k[row].transpose(-2, -1)))
+        assert torch.equal(values[row], stable_matmul(scores[row], k[row]))
+
+
 def test_per_row_gemms_give_each_request_its_solo_gemm_shape(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Inside per_row_gemms every GEMM has the shape of a solo decode's, whatever the batch (so
-    no CPU kernel can see the batch); outside it one GEMM covers the batch (a GPU engine)."""
-    shapes: list[tuple[int, ...]] = []
-    linear = torch.nn.functional.linear
+    """Inside per_row_gemms every GEMM matrix has the shape of a solo decode's, whatever the
+    batch (one batched call, one matrix per request row: no CPU kernel can see the batch);
+    outside it one GEMM covers the batch (a GPU engine)."""
+    matrices: list[tuple[int, ...]] = []
+    linear, bmm, baddbmm = torch.nn.functional.linear, torch.bmm, torch.baddbmm
 
-    def recording(x: torch.Tensor, *args: object) -> torch.Tensor:
-        shapes.append(tuple(x.shape))
+    def one(x: torch.Tensor, *args: object) -> torch.Tensor:
+        matrices.append(tuple(x.shape))
         return linear(x, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(torch.nn.functional, "linear", recording)
-    weight = torch.randn(8, 32)
+    def batched(x: torch.Tensor, *args: object) -> torch.Tensor:
+        matrices.extend([tuple(x.shape[1:])] * x.shape[0])
+        return bmm(x, *args)  # type: ignore[arg-type]
+
+    def batched_add(bias: torch.Tensor, x: torch.Tensor, *args: object) -> torch.Tensor:
+        matrices.extend([tuple(x.shape[1:])] * x.shape[0])
+        return baddbmm(bias, x, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.nn.functional, "linear", one)
+    monkeypatch.setattr(torch, "bmm", batched)
+    monkeypatch.setattr(torch, "baddbmm", batched_add)
+    weight, bias = torch.randn(8, 32), torch.randn(8)
     stable_linear(torch.randn(3, 20, 32), weight, None)
-    assert shapes == [(20, 32)] * 3
-    shapes.clear()
+    assert matrices == [(20, 32)] * 3
+    matrices.clear()
     with per_row_gemms():  # re-entrant
         pass
-    stable_linear(torch.randn(3, 20, 32), weight, None)
-    assert shapes == [(20, 32)] * 3  # still inside the fixture's scope
-    shapes.clear()
+    stable_linear(torch.randn(3, 20, 32), weight, bias)
+    assert matrices == [(20, 32)] * 3  # still inside the fixture's scope
+    matrices.clear()
+    stable_linear(torch.randn(3, 1, 32), weight, bias)  # few rows: padded per request
+    assert matrices == [(16, 32)] * 3
+    matrices.clear()
     with monkeypatch.context() as inner:
         inner.setattr("codeclog.vocoder.flow.stable._local.per_row", False)
         stable_linear(torch.randn(3, 20, 32), weight, None)
-    assert shapes == [(60, 32)]
+    assert matrices == [(60, 32)]
 
 
 @settings(max_examples=25, deadline=None)

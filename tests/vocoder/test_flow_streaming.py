@@ -262,3 +262,25 @@ def test_canonical_windows(length: int, plan: list[tuple[int, bool]]) -> None:
     assert [(len(w), last) for w, last in windows] == plan
     fresh = [w[: len(w) - 3] if not last else w for w, last in windows]
     assert [t for chunk in fresh for t in chunk] == stream  # every id is decoded exactly once
+
+
+def test_time_conditioning_is_kept_until_a_weight_it_reads_changes() -> None:
+    """The solver keeps every step's modulations across windows; an in-place change of a
+    weight they are computed from (a new version) or new weights (load_state_dict) makes it
+    compute them again: the window then equals a new flow's with the same weights."""
+    kept = tiny_flow(n_timesteps=4)
+    original = {name: value.clone() for name, value in kept.state_dict().items()}
+    state = prompt(kept, seed=2)
+    window = ids(5, 28)
+    before, _ = kept.decode_chunk_batch([state], window, False)
+    with torch.no_grad():
+        kept.decoder.estimator.blocks[0].adaLN_modulation[1].weight.mul_(1.5)
+    after, _ = kept.decode_chunk_batch([state], window, False)
+    fresh = tiny_flow(n_timesteps=4)  # nothing kept yet
+    fresh.load_state_dict(kept.state_dict())
+    expected, _ = fresh.decode_chunk_batch([state], window, False)
+    assert not torch.equal(before, after)
+    assert torch.equal(after, expected)
+    kept.load_state_dict(original)
+    reloaded, _ = kept.decode_chunk_batch([state], window, False)
+    assert torch.equal(reloaded, before)

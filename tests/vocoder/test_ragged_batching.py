@@ -114,16 +114,23 @@ def _skip(position: list[int], s: int) -> bool:
     return False
 
 
+@pytest.mark.parametrize("workers", [1, 3])
 def test_ragged_audio_is_within_the_documented_bound_of_solo(
-    engines: dict[str, Code2WavEngine],
+    engines: dict[str, Code2WavEngine], workers: int
 ) -> None:
+    """One ragged call per final flag, or one per decode worker, each taking a slice."""
     streams = _streams(8, seed=11)
     seeds = list(range(len(streams)))
     solo = [
         _decode_side_by_side(engines["exact"], [windows], [seed])[0]
         for windows, seed in zip(streams, seeds, strict=True)
     ]
-    ragged = _decode_side_by_side(engines["ragged"], streams, seeds)
+    engine = engines["ragged"]
+    if workers > 1:
+        engine = Code2WavEngine.from_spec("tiny", workers=workers, batching="ragged")
+        calls = decode_calls(engine, mixed_position_items(engine, streams=8, seed=3))
+        assert 2 < calls.flow == calls.hift <= 2 * workers  # a slice per worker and final flag
+    ragged = _decode_side_by_side(engine, streams, seeds)
     for windows, expected, actual in zip(streams, solo, ragged, strict=True):
         finals = [final for ids, final in windows if ids]
         assert [a.shape for a in actual] == [e.shape for e in expected]  # sample counts exact

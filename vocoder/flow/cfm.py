@@ -17,11 +17,14 @@ Caches (per timestep): cnn (n_t, depth, 2B, 2 hidden, 2); attention (n_t, depth,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
 from codeclog.vocoder.flow.config import FlowConfig
-from codeclog.vocoder.flow.dit import DiT
+from codeclog.vocoder.flow.dit import DiT, TimeConditioning
+from codeclog.vocoder.flow.parallel import MIN_ROW_MACS, RowThreads, estimate_in_parts
 from codeclog.vocoder.flow.rows import ChunkRows
 from codeclog.vocoder.kernels import portable_active
 
@@ -78,6 +81,19 @@ def cosine_t_span(n_timesteps: int, like: Tensor) -> Tensor:
     return 1 - torch.cos(t_span * 0.5 * torch.pi)
 
 
+def euler_steps(t_span: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """(t (1,), dt) of every Euler step over `t_span`, in upstream's arithmetic: t starts at
+    t_span[0] and advances by dt; dt is re-aimed at the next point of the span after each step."""
+    t, dt = t_span[0].unsqueeze(dim=0), t_span[1] - t_span[0]
+    steps = []
+    for step in range(1, len(t_span)):
+        steps.append((t, dt))
+        t = t + dt
+        if step < len(t_span) - 1:
+            dt = t_span[step + 1] - t
+    return steps
+
+
 class ConditionalFlowMatching(nn.Module):
     """Holds the estimator (so its weights are `decoder.estimator.*`) and the noise table."""
 
@@ -87,6 +103,7 @@ class ConditionalFlowMatching(nn.Module):
         self.estimator = DiT(config)
         self.register_buffer("noise", torch.empty(0), persistent=False)
         self._portable_noise: PortableNoise | None = None
+        self._conditioning: tuple[tuple[object, ...], list[TimeConditioning]] | None = None
 
     def fill_buffers(self) -> None:
         weight = self.estimator.in_proj.weight
@@ -110,13 +127,15 @@ class ConditionalFlowMatching(nn.Module):
         cond: Tensor,
         cnn_cache: Tensor | None,
         att_cache: Tensor | None,
+        threads: RowThreads | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """mu, cond (B, mel, F); spks (B, mel) -> mel (B, mel, F), new cnn and att caches."""
+        """mu, cond (B, mel, F); spks (B, mel) -> mel (B, mel, F), new cnn and att caches.
+        `threads`: estimate the rows in parts side by side (vocoder.flow.parallel)."""
         offset = att_cache.shape[4] if att_cache is not None else 0
         frames = mu.shape[2]
         z = self.noise_slice(offset, frames) * 1.0  # upstream: * temperature (1.0)
         x = z.expand(mu.shape[0], -1, -1)
-        return self.solve(x, mu, spks, cond, cnn_cache, att_cache)
+        return self.solve(x, mu, spks, cond, cnn_cache, att_cache, threads=threads)
 
     def solve(
         self,
@@ -127,38 +146,70 @@ class ConditionalFlowMatching(nn.Module):
         cnn_cache: Tensor | None,
         att_cache: Tensor | None,
         rows: ChunkRows | None = None,
+        threads: RowThreads | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """The Euler solve from the noise x (B, mel, F) over the cosine schedule, classifier-free
         guided; `rows`: a ragged batch's key mask and row ends over the 2B estimator rows (the
-        caller pads and cuts the caches; vocoder.flow.ragged). Returns forward_chunk's triple."""
-        t_span = cosine_t_span(self.config.n_timesteps, mu)
+        caller pads and cuts the caches; vocoder.flow.ragged); `threads` (equal rows only): the
+        estimator's rows in parts side by side. Returns forward_chunk's triple."""
+        steps = euler_steps(cosine_t_span(self.config.n_timesteps, mu))
+        conditioning = self.conditioning([t for t, _ in steps])
         rate = self.config.inference_cfg_rate
         count, frames = 2 * mu.shape[0], mu.shape[2]
         cached = att_cache.shape[4] if att_cache is not None else 0
-        t, dt = t_span[0].unsqueeze(dim=0), t_span[1] - t_span[0]
         mu_in = torch.cat([mu, torch.zeros_like(mu)], dim=0)
         spks_in = torch.cat([spks, torch.zeros_like(spks)], dim=0)
         cond_in = torch.cat([cond, torch.zeros_like(cond)], dim=0)
-        steps = len(t_span) - 1
-        new_att = mu.new_empty((steps, *self.estimator.att_cache_shape(count, frames + cached)))
+        new_att = mu.new_empty(
+            (len(steps), *self.estimator.att_cache_shape(count, frames + cached))
+        )
         new_cnn = []
-        for step in range(1, steps + 1):
-            dphi_dt, step_cnn = self.estimator.forward_chunk(
+        split = (
+            threads is not None
+            and rows is None
+            and len(threads.parts(count)) > 1
+            and self.estimator.row_macs(frames) >= MIN_ROW_MACS
+        )
+        for step, (_, dt) in enumerate(steps, start=1):
+            inputs = (
                 torch.cat([x, x], dim=0),
                 mu_in,
-                t.expand(count),
+                conditioning[step - 1],
                 spks_in,
                 cond_in,
                 cnn_cache[step - 1] if cnn_cache is not None else None,
                 att_cache[step - 1] if att_cache is not None else None,
                 new_att[step - 1],
-                rows,
             )
+            if split:
+                assert threads is not None
+                dphi_dt, step_cnn = estimate_in_parts(
+                    self.estimator.forward_chunk, threads, *inputs
+                )
+            else:
+                dphi_dt, step_cnn = self.estimator.forward_chunk(*inputs, rows)
             new_cnn.append(step_cnn)
             dphi_dt, cfg_dphi_dt = dphi_dt.chunk(2, dim=0)
             dphi_dt = (1.0 + rate) * dphi_dt - rate * cfg_dphi_dt
             x = x + dt * dphi_dt
-            t = t + dt
-            if step < steps:
-                dt = t_span[step + 1] - t
         return x, torch.stack(new_cnn, dim=0), new_att
+
+    def conditioning(self, times: Sequence[Tensor]) -> list[TimeConditioning]:
+        """The estimator's `condition` at every step's time. Every window steps through the
+        same times, so they are kept while the weights, dtype, device and kernels are the same
+        (not while autograd records: then computed afresh)."""
+        estimator = self.estimator
+        if torch.is_grad_enabled():  # kept tensors are inference tensors: never in a graph
+            return [estimator.condition(t) for t in times]
+        key = (
+            len(times),
+            times[0].dtype,
+            times[0].device,
+            portable_active(),
+            tuple((id(p), p._version) for p in estimator.condition_parameters()),
+        )
+        if self._conditioning is not None and self._conditioning[0] == key:
+            return self._conditioning[1]
+        computed = [estimator.condition(t) for t in times]
+        self._conditioning = (key, computed)
+        return computed

@@ -15,7 +15,9 @@ right-padded per row, pad keys masked, each row's conv caches cut at its own las
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -131,13 +133,13 @@ class DiTBlock(nn.Module):
     def forward_chunk(
         self,
         x: Tensor,
-        c: Tensor,
+        modulation: Sequence[Tensor],
         cnn_cache: Tensor | None,
         att_cache: Tensor | None,
         att_out: Tensor,
         rows: ChunkRows | None = None,
     ) -> tuple[Tensor, Tensor]:
-        modulation = self.adaLN_modulation(c).chunk(9, dim=-1)
+        """x (N, F, hidden); modulation: this block's nine (its part of `TimeConditioning`)."""
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation[:6]
         shift_conv, scale_conv, gate_conv = modulation[6:]
         x_att = self.attn.forward_chunk(
@@ -183,9 +185,18 @@ class FinalLayer(nn.Module):
         self.norm_final = layer_norm(hidden, affine=False, eps=1e-6)
         self.linear = StableLinear(hidden, out_channels)
 
-    def forward(self, x: Tensor, c: Tensor) -> Tensor:
-        shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
+    def forward(self, x: Tensor, modulation: Sequence[Tensor]) -> Tensor:
+        shift, scale = modulation
         return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeConditioning:
+    """What the timestep alone decides: every block's nine modulations and the final layer's
+    two, (1, 1, hidden) each, broadcast over the rows (all rows share the time)."""
+
+    blocks: tuple[tuple[Tensor, ...], ...]
+    final: tuple[Tensor, ...]
 
 
 class DiT(nn.Module):
@@ -200,16 +211,46 @@ class DiT(nn.Module):
         self.blocks = nn.ModuleList(DiTBlock(config) for _ in range(config.dit_depth))
         self.final_layer = FinalLayer(hidden, config.mel_dim)
 
+    def row_macs(self, frames: int) -> int:
+        """The multiply-adds of one row's projections over `frames` frames in one call (q, k,
+        v, out, the two k=3 convs and the MLP of every block): the size of a row's work."""
+        c = self.config
+        hidden, inner = c.dit_hidden_size, c.dit_heads * c.dit_head_dim
+        block = (
+            4 * hidden * inner
+            + 2 * 3 * hidden * hidden
+            + 2 * int(hidden * c.dit_mlp_ratio) * hidden
+        )
+        return frames * len(self.blocks) * block
+
     def att_cache_shape(self, rows: int, frames: int) -> tuple[int, ...]:
         """(depth, rows, heads, frames, 2 * head_dim): one step's attention caches."""
         c = self.config
         return (len(self.blocks), rows, c.dit_heads, frames, 2 * c.dit_head_dim)
 
+    def condition(self, t: Tensor) -> TimeConditioning:
+        """The modulations at time t (1,), computed for one row: the bytes every row of a solo
+        or batched decode gets, paid for once (the solver keeps them across windows)."""
+        c = self.t_embedder(t).unsqueeze(1)
+        blocks = tuple(
+            tuple(block.adaLN_modulation(c).chunk(9, dim=-1))
+            for block in self.blocks
+            if isinstance(block, DiTBlock)
+        )
+        final = tuple(self.final_layer.adaLN_modulation(c).chunk(2, dim=-1))
+        return TimeConditioning(blocks, final)
+
+    def condition_parameters(self) -> list[Tensor]:
+        """The weights `condition` reads (the solver's memo is valid while they are)."""
+        modules: list[nn.Module] = [self.t_embedder, self.final_layer.adaLN_modulation]
+        modules += [block.adaLN_modulation for block in self.blocks if isinstance(block, DiTBlock)]
+        return [p for module in modules for p in module.parameters()]
+
     def forward_chunk(
         self,
         x: Tensor,
         mu: Tensor,
-        t: Tensor,
+        conditioning: TimeConditioning,
         spks: Tensor,
         cond: Tensor,
         cnn_cache: Tensor | None,
@@ -217,12 +258,12 @@ class DiT(nn.Module):
         att_out: Tensor,
         rows: ChunkRows | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """x, mu, cond (N, mel, F); t (N,); spks (N, mel) -> (N, mel, F), new cnn cache.
+        """x, mu, cond (N, mel, F); conditioning: `condition(t)` at the time of every row (the
+        solver steps all rows together); spks (N, mel) -> (N, mel, F), new cnn cache.
 
         att_out (depth, N, H, F + T, 2 hd) receives the new attention caches; `rows`: a ragged
         batch's key mask and row ends (None: equal rows).
         """
-        c = self.t_embedder(t).unsqueeze(1)
         frames = x.shape[2]
         h = torch.cat([x, mu, spks.unsqueeze(2).expand(-1, -1, frames), cond], dim=1)
         h = self.in_proj(h.transpose(1, 2))
@@ -231,11 +272,11 @@ class DiT(nn.Module):
             assert isinstance(block, DiTBlock)
             h, block_cnn = block.forward_chunk(
                 h,
-                c,
+                conditioning.blocks[index],
                 cnn_cache[index] if cnn_cache is not None else None,
                 att_cache[index] if att_cache is not None else None,
                 att_out[index],
                 rows,
             )
             new_cnn.append(block_cnn)
-        return self.final_layer(h, c).transpose(1, 2), torch.stack(new_cnn, dim=0)
+        return self.final_layer(h, conditioning.final).transpose(1, 2), torch.stack(new_cnn, dim=0)

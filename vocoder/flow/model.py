@@ -20,6 +20,7 @@ from codeclog.vocoder.flow.cfm import ConditionalFlowMatching
 from codeclog.vocoder.flow.config import FlowConfig
 from codeclog.vocoder.flow.encoder import RelPositionAttention, UpsampleConformerEncoderV2
 from codeclog.vocoder.flow.errors import FlowInputError, FlowRejectReason
+from codeclog.vocoder.flow.parallel import RowThreads
 from codeclog.vocoder.flow.stable import META, StableLinear
 from codeclog.vocoder.flow.state import (
     BatchCaches,
@@ -99,7 +100,11 @@ class Token2WavFlow(nn.Module):
 
     @torch.inference_mode()
     def decode_chunk_batch(
-        self, states: Sequence[FlowState], tokens: Tensor, last_chunk: bool
+        self,
+        states: Sequence[FlowState],
+        tokens: Tensor,
+        last_chunk: bool,
+        threads: RowThreads | None = None,
     ) -> tuple[Tensor, list[FlowState]]:
         """One streaming window for B requests whose states share a `shape_signature`.
 
@@ -108,7 +113,8 @@ class Token2WavFlow(nn.Module):
         `last_chunk`, where the lookahead is zero-padded. Returns the mel (B, mel_dim, F),
         F = ratio * (T - lookahead) or ratio * T on the last chunk, and B new states. Inputs are
         never mutated. Row b depends only on states[b] and tokens[b]: on CPU, a batch gives each
-        request exactly the bytes it gets alone.
+        request exactly the bytes it gets alone. `threads`: the flow-matching estimator's rows
+        in parts side by side (vocoder.flow.parallel; the same bytes).
         """
         self._check_batch(states, tokens, last_chunk)
         if tokens.shape[1] == 0:  # an empty final window only ends the stream
@@ -121,7 +127,12 @@ class Token2WavFlow(nn.Module):
         )
         mu = self.encoder_proj(h).transpose(1, 2).contiguous()
         mel, est_cnn, est_att = self.decoder.forward_chunk(
-            mu, caches.spk, torch.zeros_like(mu), caches.estimator_cnn, caches.estimator_att
+            mu,
+            caches.spk,
+            torch.zeros_like(mu),
+            caches.estimator_cnn,
+            caches.estimator_att,
+            threads,
         )
         new = split_caches(
             BatchCaches(cnn, att, est_cnn, est_att, caches.spk),

@@ -19,10 +19,18 @@ So every projection is a row-major GEMM over at least `MIN_GEMM_ROWS` rows (zero
 and dropped), every convolution is an explicit im2col followed by that GEMM, and attention is
 written out (no fused SDPA kernel) with every batched matmul padded to at least 16 rows and
 columns. Inside `per_row_gemms()` (the engine enters it when it is batch-invariant, the default
-on CPU) each GEMM and batched matmul is further computed once per index of the leading (batch)
-axis, so a request's rows go through a GEMM of exactly the shape they have in a solo decode,
-whatever the CPU's kernels do with the row count. Outside it (a GPU engine) one call covers the
-whole batch.
+on CPU) each GEMM is further computed once per index of the leading (batch) axis, so a request's
+rows go through a GEMM of exactly the shape they have in a solo decode, whatever the CPU's
+kernels do with the row count. Outside it (a GPU engine) one call covers the whole batch.
+
+"Once per index" is one batched GEMM call (`torch.baddbmm` / `torch.matmul` over a leading
+axis), not a Python loop: a batched GEMM computes each of its matrices as a lone GEMM of that
+matrix's shape, so every matrix gets the bytes of the one-matrix call whatever the batch count
+(checked bytewise for the GEMM shapes of the tiny model and of the published one, at batch counts
+up to 32, fewer for the largest published shapes: natively on an AVX-512 Intel CPU and under
+`qemu-x86_64 -cpu Haswell-v4`, where the row-count dependence above is real; not under an
+emulated AMD CPU; tests/vocoder/test_flow_batching.py checks it on the machine that runs it). The
+loop of one call per row it replaced cost the tiny flow 1.7x at batch 16.
 """
 
 from __future__ import annotations
@@ -30,11 +38,13 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from codeclog.vocoder.kernels import portable_active
 
 MIN_GEMM_ROWS = 16  # comfortably above the measured small-M threshold (12)
 
@@ -58,34 +68,33 @@ def per_row_gemms() -> Iterator[None]:
         _local.per_row = before
 
 
-def _per_row(op: Callable[..., Tensor], x: Tensor, *others: Tensor) -> Tensor:
-    """`op(x, *others)`, inside `per_row_gemms` one call per index of the leading axis of `x`
-    (and of any other operand with the same leading size; a broadcast operand is shared)."""
-    if not getattr(_local, "per_row", False) or x.dim() < 2 or x.shape[0] < 2:
-        return op(x, *others)
-
-    def row(t: Tensor, i: int) -> Tensor:
-        return t[i : i + 1] if t.dim() == x.dim() and t.shape[0] == x.shape[0] else t
-
-    return torch.cat([op(x[i : i + 1], *(row(t, i) for t in others)) for i in range(x.shape[0])])
+def _per_row_active(x: Tensor) -> bool:
+    """One GEMM matrix per index of x's leading axis. Not under portable kernels: their exact
+    products round each row on its own scale, so no row ever depends on its batch mates."""
+    per_row = getattr(_local, "per_row", False) and x.dim() >= 2 and x.shape[0] >= 2
+    return per_row and not portable_active()
 
 
 def stable_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """`F.linear` over the last axis with a row-count-independent GEMM."""
-    return _per_row(lambda rows: _linear_rows(rows, weight, bias), x)
-
-
-def _linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    lead = x.shape[:-1]
-    rows = x.reshape(-1, x.shape[-1])
-    count = rows.shape[0]
+    """`F.linear` over the last axis with a row-count-independent GEMM; inside `per_row_gemms`
+    one GEMM matrix per index of the leading axis."""
+    matrices = x.shape[0] if _per_row_active(x) else 1
+    rows = x.reshape(matrices, -1, x.shape[-1])
+    count = rows.shape[1]
     if count < MIN_GEMM_ROWS:
-        pad = rows.new_zeros((MIN_GEMM_ROWS - count, rows.shape[1]))
-        rows = torch.cat([rows, pad], dim=0)
+        pad = rows.new_zeros((matrices, MIN_GEMM_ROWS - count, rows.shape[2]))
+        rows = torch.cat([rows, pad], dim=1)
     else:
         rows = rows.contiguous()  # a transposed view would select a different GEMM kernel
-    out = F.linear(rows, weight, bias)[:count]
-    return out.reshape(*lead, weight.shape[0])
+    if matrices == 1:
+        out = F.linear(rows[0], weight, bias)[None]
+    else:  # each matrix as F.linear computes it alone (see the module doc)
+        weights = weight.t().expand(matrices, -1, -1)
+        if bias is None:
+            out = torch.bmm(rows, weights)
+        else:
+            out = torch.baddbmm(bias.expand(matrices, rows.shape[1], -1), rows, weights)
+    return out[:, :count].reshape(*x.shape[:-1], weight.shape[0])
 
 
 class StableLinear(nn.Linear):
@@ -126,9 +135,10 @@ def stable_matmul(a: Tensor, b: Tensor) -> Tensor:
 
     Batched matmul picks its kernel from the whole problem: with M < 16 or N < 16 a matrix's
     result changes with the number of matrices in the batch. Zero-padding M and N to at least
-    `MIN_GEMM_ROWS` (and slicing the padding off) removes that dependence.
+    `MIN_GEMM_ROWS` (and slicing the padding off) removes that dependence, so the leading axis
+    needs no split inside `per_row_gemms` (one batched call computes each matrix alone).
     """
-    return _per_row(_padded_matmul, a, b)
+    return _padded_matmul(a, b)
 
 
 def _padded_matmul(a: Tensor, b: Tensor) -> Tensor:
