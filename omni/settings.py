@@ -28,7 +28,9 @@ class ConnectorSettings:
     topic: str
     replica_id: int
     group_id: str
-    instance_id: str  # static group membership: a replacement takes over at once
+    # static group membership: a replacement under the same replica identity takes over at once;
+    # the topic is part of it, so two deployments sharing a group name never fence each other
+    instance_id: str
     codec_edge: bool | None
     producer_id: str
     delivery_timeout_s: float
@@ -49,6 +51,7 @@ def read_settings(config: Mapping[str, Any]) -> ConnectorSettings:
     bootstrap = bootstrap or os.environ.get("CODECLOG_BOOTSTRAP", "127.0.0.1:9092")
     replica_id = _replica_id(config)
     group_id = _group_id(config, stage_id, replica_id)
+    topic = str(config.get("topic", DEFAULT_TOPIC))
     return ConnectorSettings(
         stage_id=stage_id,
         role=str(config.get("role", "dual")),
@@ -56,10 +59,10 @@ def read_settings(config: Mapping[str, Any]) -> ConnectorSettings:
             "bootstrap.servers": str(bootstrap),
             **{str(k): str(v) for k, v in dict(config.get("kafka") or {}).items()},
         },
-        topic=str(config.get("topic", DEFAULT_TOPIC)),
+        topic=topic,
         replica_id=replica_id,
         group_id=group_id,
-        instance_id=str(config.get("instance_id") or f"{group_id}-receiver"),
+        instance_id=str(config.get("instance_id") or f"{group_id}-{topic}"),
         codec_edge=_codec_edge(config),
         producer_id=str(config.get("producer_id") or f"omni-{os.getpid()}"),
         delivery_timeout_s=float(config.get("delivery_timeout_ms", 30_000)) / 1000.0,

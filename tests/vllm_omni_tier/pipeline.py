@@ -63,7 +63,10 @@ def deploy_config(connector: str, extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def kafka_extra(bootstrap: str, topic: str, **more: Any) -> dict[str, Any]:
-    return {"bootstrap": bootstrap, "topic": topic, **CODEC_EXTRA, **more}
+    """The edge's extra on `topic`, its receivers in groups of their own (a group's static
+    members outlive their process: a test reusing one would wait out its session)."""
+    group = {"group_id": f"code2wav-{uuid.uuid4().hex[:8]}"}
+    return {"bootstrap": bootstrap, "topic": topic, **CODEC_EXTRA, **group, **more}
 
 
 def shm_extra() -> dict[str, Any]:
