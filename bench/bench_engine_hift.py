@@ -27,7 +27,9 @@ from codeclog.vocoder.causal_hift import (
 )
 from codeclog.vocoder.engine import Code2WavEngine, EngineOptions
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
-from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift
+from codeclog.vocoder.hift import build_hift
+from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift_init import initialise_hift
 
 SILENCE = 4218
 

@@ -43,16 +43,16 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
-from codeclog.vocoder.hift import (
-    HiftConfig,
+from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift_init import initialise_hift
+from codeclog.vocoder.hift_layers import (
     Snake,
-    _hann_periodic,
     filter_stages,
     fuse_weight_norm,
-    initialise_hift,
     resblock_stacks,
     source_downs,
 )
+from codeclog.vocoder.hift_windows import hann_periodic
 from codeclog.vocoder.kernels import portable_active
 
 if TYPE_CHECKING:
@@ -254,10 +254,10 @@ class CausalHiFTGenerator(nn.Module):
         self.f0_predictor = CausalConvRNNF0Predictor(
             config.in_channels, config.f0_channels, config.f0_layers
         )
-        self.stft_window = _hann_periodic(config.istft_n_fft)  # not in the state dict
+        self.stft_window = hann_periodic(config.istft_n_fft)  # not in the state dict
 
     def _window(self, device: torch.device) -> Tensor:
-        window = _hann_periodic(self.config.istft_n_fft) if portable_active() else self.stft_window
+        window = hann_periodic(self.config.istft_n_fft) if portable_active() else self.stft_window
         return window.to(device)
 
     def decode(self, mel: Tensor, source: Tensor, finalize: bool = True) -> Tensor:
@@ -652,7 +652,8 @@ def emitted_samples(frames_per_call: Sequence[int], delay: int = 8, hop: int = 4
 
 def initialise_causal_hift(model: CausalHiFTGenerator, seed: int) -> None:
     """Seeded random weights for fixtures, tests and benchmarks (real ones come from hift.pt):
-    the scheme-A fixture rule (`vocoder.hift.initialise_hift`: every layer U(+-gain/sqrt(fan_in)),
-    weight-norm gains equal to their direction's norm, Snake alphas 1) and the F0 head biased to
-    about 150 Hz, so most frames are voiced and the harmonic source runs."""
+    the scheme-A fixture rule (`vocoder.hift_init.initialise_hift`: every layer
+    U(+-gain/sqrt(fan_in)), weight-norm gains equal to their direction's norm, Snake alphas 1)
+    and the F0 head biased to about 150 Hz, so most frames are voiced and the harmonic source
+    runs."""
     initialise_hift(model, seed)

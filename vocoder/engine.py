@@ -110,14 +110,10 @@ from codeclog.vocoder.flow import FlowState, Token2WavFlow
 from codeclog.vocoder.flow.parallel import RowThreads, row_parts
 from codeclog.vocoder.flow.ragged import decode_ragged
 from codeclog.vocoder.flow.stable import per_row_gemms
-from codeclog.vocoder.hift import (
-    HiftCache,
-    HiftConfig,
-    HiFTGenerator,
-    fuse_weight_norm,
-    stream_step,
-    stream_step_ragged,
-)
+from codeclog.vocoder.hift import HiFTGenerator
+from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift_layers import fuse_weight_norm
+from codeclog.vocoder.hift_stream import HiftCache, stream_step, stream_step_ragged
 from codeclog.vocoder.kernels import Kernels, kernel_scope
 from codeclog.vocoder.shared import pcm_s16le
 from codeclog.vocoder.stream_state import HiftState, StreamState

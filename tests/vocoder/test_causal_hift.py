@@ -31,7 +31,7 @@ from codeclog.vocoder.checkpoint import (
     load_causal_hift,
 )
 from codeclog.vocoder.errors import CheckpointError, VocoderConfigError, VocoderInputError
-from codeclog.vocoder.hift import HiftConfig
+from codeclog.vocoder.hift_config import HiftConfig
 
 pytestmark = pytest.mark.vocoder
 INVARIANCE_ATOL = 1e-4

@@ -32,7 +32,9 @@ from codeclog.vocoder.engine import (
 )
 from codeclog.vocoder.errors import StreamStateError, VocoderConfigError
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows
-from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift
+from codeclog.vocoder.hift import build_hift
+from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift_init import initialise_hift
 from codeclog.vocoder.stream_state import StreamState
 from codeclog.vocoder.voice import Voice, default_voice
 
