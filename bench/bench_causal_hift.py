@@ -20,12 +20,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from codeclog.vocoder.causal_hift import (
-    CausalHiftConfig,
-    CausalVocoder,
-    build_causal_hift,
-    initialise_causal_hift,
-)
+from codeclog.vocoder.causal_hift import CausalHiftConfig, build_causal_hift, initialise_causal_hift
+from codeclog.vocoder.causal_stream import CausalVocoder
 from codeclog.vocoder.hift import build_hift
 from codeclog.vocoder.hift_config import HiftConfig
 from codeclog.vocoder.hift_init import initialise_hift

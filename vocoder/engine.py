@@ -84,11 +84,8 @@ import torch
 from torch import Tensor
 
 from codeclog.cores import one_per_core
-from codeclog.vocoder.causal_hift import (
-    CausalHiftCache,
-    CausalHiFTGenerator,
-    CausalVocoder,
-)
+from codeclog.vocoder.causal_hift import CausalHiFTGenerator
+from codeclog.vocoder.causal_stream import CausalHiftCache, CausalVocoder
 from codeclog.vocoder.checkpoint import (
     HiftVariant,
     choose_hift_variant,

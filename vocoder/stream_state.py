@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from codeclog.vocoder.causal_hift import CausalHiftCache
+from codeclog.vocoder.causal_stream import CausalHiftCache
 from codeclog.vocoder.errors import StreamStateError
 from codeclog.vocoder.flow import FlowState, FlowStateError
 from codeclog.vocoder.hift_stream import HiftCache

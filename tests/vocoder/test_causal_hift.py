@@ -17,13 +17,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codeclog.vocoder.causal_hift import (
-    CausalHiftConfig,
-    CausalVocoder,
-    build_causal_hift,
-    emitted_samples,
-    initialise_causal_hift,
-)
+from codeclog.vocoder.causal_hift import CausalHiftConfig, build_causal_hift, initialise_causal_hift
+from codeclog.vocoder.causal_stream import CausalVocoder, emitted_samples
 from codeclog.vocoder.checkpoint import (
     HiftVariant,
     choose_hift_variant,
