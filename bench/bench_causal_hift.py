@@ -20,20 +20,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from codeclog.vocoder.causal_hift import (
-    CausalHiftConfig,
-    CausalVocoder,
-    build_causal_hift,
-    initialise_causal_hift,
-)
-from codeclog.vocoder.hift import (
-    HiftCache,
-    HiftConfig,
-    build_hift,
-    fuse_weight_norm,
-    initialise_hift,
-    stream_step,
-)
+from codeclog.vocoder.causal_hift import CausalHiftConfig, build_causal_hift, initialise_causal_hift
+from codeclog.vocoder.causal_stream import CausalVocoder
+from codeclog.vocoder.hift import build_hift
+from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift_init import initialise_hift
+from codeclog.vocoder.hift_layers import fuse_weight_norm
+from codeclog.vocoder.hift_stream import HiftCache, stream_step
 
 
 def measure(name: str, windows: int) -> tuple[list[float], list[float]]:

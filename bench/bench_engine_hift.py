@@ -25,9 +25,12 @@ from codeclog.vocoder.causal_hift import (
     build_causal_hift,
     initialise_causal_hift,
 )
-from codeclog.vocoder.engine import Code2WavEngine, EngineOptions
+from codeclog.vocoder.engine import Code2WavEngine
+from codeclog.vocoder.engine_options import EngineOptions
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
-from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift
+from codeclog.vocoder.hift import build_hift
+from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift_init import initialise_hift
 
 SILENCE = 4218
 

@@ -22,7 +22,7 @@ import time
 
 from bench.bench_vocoder import build_engine, schedule
 from codeclog.vocoder.engine import Code2WavEngine, pcm_s16le
-from codeclog.vocoder.kernels.portable import IntegerProducts
+from codeclog.vocoder.kernels.products import IntegerProducts
 
 SAMPLE_RATE = 24000
 CONFIGS = ("native", "portable/float64", "portable/int64")
@@ -32,9 +32,9 @@ def _engine(spec: str, config: str, threads: int) -> Code2WavEngine:
     kernels, _, gemm = config.partition("/")
     engine = build_engine(spec, "cpu", "float32", threads, workers=1, kernels=kernels)
     if gemm:
-        from codeclog.vocoder.kernels import portable
+        from codeclog.vocoder.kernels import products
 
-        portable._DEFAULT_GEMM = IntegerProducts(gemm)  # the process-wide choice, forced
+        products._DEFAULT_GEMM = IntegerProducts(gemm)  # the process-wide choice, forced
         engine = build_engine(spec, "cpu", "float32", threads, workers=1, kernels=kernels)
     return engine
 

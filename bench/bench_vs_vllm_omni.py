@@ -76,7 +76,8 @@ from bench.vllm_omni_peer import Peer, PeerUnavailableError, codeclog_noise
 from codeclog.consumers.readers.audio_compare import Bound, compare_bound
 from codeclog.vocoder.checkpoint import inspect_checkpoint, load_checkpoint, load_fixture
 from codeclog.vocoder.determinism import CUBLAS_WORKSPACE_CONFIG, apply_determinism, window_seed
-from codeclog.vocoder.engine import Code2WavEngine, EngineOptions
+from codeclog.vocoder.engine import Code2WavEngine
+from codeclog.vocoder.engine_options import EngineOptions
 from codeclog.vocoder.flow import ConformerTrim, FlowConfig, Token2WavFlow
 from codeclog.vocoder.hift import HiFTGenerator, build_hift
 from codeclog.vocoder.shared import pcm_s16le

@@ -39,7 +39,8 @@ from codeclog.vocoder.causal_hift import (
 )
 from codeclog.vocoder.errors import CheckpointError, parse_choice
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
-from codeclog.vocoder.hift import HiftConfig, HiFTGenerator, build_hift, strip_upstream_prefix
+from codeclog.vocoder.hift import HiFTGenerator, build_hift, strip_upstream_prefix
+from codeclog.vocoder.hift_config import HiftConfig
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures"
 TINY_WEIGHTS = FIXTURE_DIR / "tiny.safetensors"

@@ -42,3 +42,7 @@ class CheckpointError(VocoderError):
 
 class StreamStateError(VocoderError):
     """Serialised stream state bytes are truncated, corrupt or of an unknown format version."""
+
+
+class PortableKernelError(VocoderError):
+    """An op without a portable kernel ran in portable mode."""

@@ -15,8 +15,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from codeclog.vocoder.engine import Code2WavEngine, DecodeCalls, DecodeItem
+from codeclog.vocoder.engine import Code2WavEngine, DecodeCalls
 from codeclog.vocoder.shared import stream_seed
+from codeclog.vocoder.window_checks import DecodeItem
 
 SILENCE = 4218
 WINDOW_IDS = 28  # 25 new ids + 3 lookahead

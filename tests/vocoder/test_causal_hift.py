@@ -17,13 +17,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codeclog.vocoder.causal_hift import (
-    CausalHiftConfig,
-    CausalVocoder,
-    build_causal_hift,
-    emitted_samples,
-    initialise_causal_hift,
-)
+from codeclog.vocoder.causal_hift import CausalHiftConfig, build_causal_hift, initialise_causal_hift
+from codeclog.vocoder.causal_stream import CausalVocoder, emitted_samples
 from codeclog.vocoder.checkpoint import (
     HiftVariant,
     choose_hift_variant,
@@ -31,7 +26,7 @@ from codeclog.vocoder.checkpoint import (
     load_causal_hift,
 )
 from codeclog.vocoder.errors import CheckpointError, VocoderConfigError, VocoderInputError
-from codeclog.vocoder.hift import HiftConfig
+from codeclog.vocoder.hift_config import HiftConfig
 
 pytestmark = pytest.mark.vocoder
 INVARIANCE_ATOL = 1e-4

@@ -28,14 +28,12 @@ import torch
 from torch import Tensor, nn
 
 from codeclog.vocoder.causal_hift import (
-    CausalHiftCache,
     CausalHiftConfig,
     CausalHiFTGenerator,
-    CausalVocoder,
     build_causal_hift,
-    emitted_samples,
     initialise_causal_hift,
 )
+from codeclog.vocoder.causal_stream import CausalHiftCache, CausalVocoder, emitted_samples
 from tests.vocoder.hift_helpers import randomise_gains
 from tests.vocoder.reference import causal_upstream
 

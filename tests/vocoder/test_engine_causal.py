@@ -18,7 +18,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codeclog.vocoder.causal_hift import CausalHiftConfig, build_causal_hift, emitted_samples
+from codeclog.vocoder.causal_hift import CausalHiftConfig, build_causal_hift
+from codeclog.vocoder.causal_stream import emitted_samples
 from codeclog.vocoder.checkpoint import load_fixture
 from codeclog.vocoder.domain import engine_domain_suffix
 from codeclog.vocoder.engine import Code2WavEngine, WindowRejectedError, WindowRejectReason

@@ -26,13 +26,15 @@ from codeclog.vocoder.engine import (
     VocoderInputError,
     WindowRejectedError,
     WindowRejectReason,
-    _split,
     pcm_s16le,
     stream_seed,
 )
 from codeclog.vocoder.errors import StreamStateError, VocoderConfigError
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows
-from codeclog.vocoder.hift import HiftConfig, build_hift, initialise_hift
+from codeclog.vocoder.hift import build_hift
+from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift_init import initialise_hift
+from codeclog.vocoder.slicing import split as _split
 from codeclog.vocoder.stream_state import StreamState
 from codeclog.vocoder.voice import Voice, default_voice
 

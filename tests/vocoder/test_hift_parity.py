@@ -34,16 +34,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from codeclog.vocoder.hift import (
-    HiftCache,
-    HiftConfig,
-    HiFTGenerator,
-    SourceNoise,
-    build_hift,
-    initialise_hift,
-    stream_step,
-    strip_upstream_prefix,
-)
+from codeclog.vocoder.hift import HiFTGenerator, build_hift, strip_upstream_prefix
+from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift_init import initialise_hift
+from codeclog.vocoder.hift_source import SourceNoise
+from codeclog.vocoder.hift_stream import HiftCache, stream_step
 from tests.vocoder.hift_helpers import randomise_gains
 from tests.vocoder.reference import import_reference
 

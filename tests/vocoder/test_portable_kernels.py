@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from codeclog.vocoder.engine import Code2WavEngine, pcm_s16le, stream_seed
-from codeclog.vocoder.errors import VocoderConfigError
+from codeclog.vocoder.errors import PortableKernelError, VocoderConfigError
 from codeclog.vocoder.flow import canonical_windows
 from codeclog.vocoder.kernels import Kernels, kernel_scope, portable_active
 from codeclog.vocoder.kernels import exactmath as em
-from codeclog.vocoder.kernels.portable import PortableKernelError, _matmul_exact
+from codeclog.vocoder.kernels.products import matmul_exact as _matmul_exact
 
 pytestmark = pytest.mark.vocoder
 F64 = torch.float64

@@ -27,6 +27,7 @@ from codeclog.vocoder.flow.dit import DiT, TimeConditioning
 from codeclog.vocoder.flow.parallel import MIN_ROW_MACS, RowThreads, estimate_in_parts
 from codeclog.vocoder.flow.rows import ChunkRows
 from codeclog.vocoder.kernels import portable_active
+from codeclog.vocoder.kernels.factories import box_muller
 
 
 def draw_noise_table(config: FlowConfig) -> Tensor:
@@ -68,8 +69,6 @@ class PortableNoise:
     def _block(self, start: int) -> Tensor:
         block = self._blocks.get(start)
         if block is None:
-            from codeclog.vocoder.kernels.portable import box_muller  # torch dispatch: on use
-
             uniform = self._uniform[:, start : start + 16].to(torch.float64)
             block = box_muller(uniform.reshape(-1)).reshape(-1, 16).to(torch.float32)
             self._blocks[start] = block
