@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -52,23 +53,47 @@ def sample_mask(valid: Sequence[int], size: int, like: Tensor) -> Tensor:
     return (index < torch.tensor(list(valid), device=like.device)[:, None]).to(like.dtype)
 
 
+_ROWS = threading.local()  # the rows of the ragged call this thread is running, if any
+_HOOKED = "_codeclog_row_masks"  # set on a module whose convolutions carry the hook
+_HOOKING = threading.Lock()
+
+
+def _mask_rows(conv: nn.Module, inputs: object, output: Tensor) -> Tensor | None:
+    """Every convolution's forward hook: zero its output past each row's end, where this
+    thread runs a ragged call (None: the output as it is)."""
+    rows: HiftRows | None = getattr(_ROWS, "rows", None)
+    if rows is None:
+        return None
+    return output * rows.mask(output.shape[-1], output)[:, None, :]
+
+
 @contextlib.contextmanager
 def masked_convs(module: nn.Module, rows: HiftRows | None) -> Iterator[None]:
-    """Zero every convolution's output past each row's end while the block runs (nothing
-    without rows)."""
-
-    def hook(conv: nn.Module, inputs: object, output: Tensor) -> Tensor:
-        assert rows is not None
-        return output * rows.mask(output.shape[-1], output)[:, None, :]
-
-    convs = (nn.Conv1d, nn.ConvTranspose1d)
-    targets = [m for m in module.modules() if isinstance(m, convs)] if rows is not None else []
-    handles = [m.register_forward_hook(hook) for m in targets]
+    """Zero every convolution's output past each row's end while the block runs in this thread
+    (nothing without rows). The hooks stay on the module and read the rows of their own
+    thread, so decode workers running ragged slices of one module at once never see each
+    other's rows."""
+    if rows is None:
+        yield
+        return
+    _hook_convs(module)
+    previous = getattr(_ROWS, "rows", None)
+    _ROWS.rows = rows
     try:
         yield
     finally:
-        for handle in handles:
-            handle.remove()
+        _ROWS.rows = previous
+
+
+def _hook_convs(module: nn.Module) -> None:
+    with _HOOKING:
+        if getattr(module, _HOOKED, False):
+            return
+        convs = (nn.Conv1d, nn.ConvTranspose1d)
+        for conv in module.modules():
+            if isinstance(conv, convs):
+                conv.register_forward_hook(_mask_rows)
+        setattr(module, _HOOKED, True)
 
 
 def hold_phase(phases: Tensor, rows: HiftRows) -> None:
