@@ -17,6 +17,7 @@ default), one partition, and the replication `codeclog.kafka.topics.replication_
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -84,22 +85,19 @@ def decode_mark(value: bytes | None, offset: int, now: float) -> tuple[str, Endi
     return mark.consumer_group, ending
 
 
+@dataclasses.dataclass
 class MarkWriter:
     """Writes the marks of one receiver's endings through its producer, without waiting;
     `on_marked(request, offset)` once the broker acknowledged one."""
 
-    def __init__(
-        self,
-        settings: ConnectorSettings,
-        sender: Sender,
-        tally: Tally,
-        on_marked: Callable[[str, int], None],
-    ) -> None:
-        self.settings = settings
-        self.sender = sender
-        self.tally = tally
-        self.on_marked = on_marked
-        self.topic = ledger_topic(settings.topic)
+    settings: ConnectorSettings
+    sender: Sender
+    tally: Tally
+    on_marked: Callable[[str, int], None]
+
+    @property
+    def topic(self) -> str:
+        return ledger_topic(self.settings.topic)
 
     def write(self, due: list[Ending]) -> list[Ending]:
         """Queue the marks of `due`; the endings to queue again (the local queue was full)."""

@@ -22,6 +22,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from codeclog.vocoder.shared import thread_setting
+
 
 @dataclasses.dataclass(frozen=True)
 class HiftRows:
@@ -77,12 +79,8 @@ def masked_convs(module: nn.Module, rows: HiftRows | None) -> Iterator[None]:
         yield
         return
     _hook_convs(module)
-    previous = getattr(_ROWS, "rows", None)
-    _ROWS.rows = rows
-    try:
+    with thread_setting(_ROWS, "rows", rows):
         yield
-    finally:
-        _ROWS.rows = previous
 
 
 def _hook_convs(module: nn.Module) -> None:

@@ -5,6 +5,9 @@ torch): stream seeds derived from stream identity, and the float -> PCM conversi
 appends `:causal` for the causal HiFT), so the consumer can refuse to continue a stream in an
 engine of the other variant without importing torch.
 
+`thread_setting` scopes a per-thread setting (the flow's per-row GEMMs, the ragged HiFT's rows)
+to a block.
+
 `stream_seed` is a pure function of (request id, cache epoch), stable across processes, machines
 and Python hash seeds (sha256, not `hash()`); `window_seed` derives the HiFT noise seed of one
 decode window from it. Live and offline decodes both call these, so their audio is identical.
@@ -12,7 +15,11 @@ decode window from it. Live and offline decodes both call these, so their audio 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -47,3 +54,15 @@ def pcm_s16le(audio: np.ndarray) -> bytes:
     clip to [-1, 1], scale by 32767, truncate toward zero."""
     clipped = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0)
     return (clipped * 32767.0).astype("<i2").tobytes()
+
+
+@contextlib.contextmanager
+def thread_setting(local: threading.local, name: str, value: Any) -> Iterator[None]:
+    """`local.<name>` is `value` in this thread while the block runs, then what it was
+    (re-entrant; other threads never see it)."""
+    before = getattr(local, name, None)
+    setattr(local, name, value)
+    try:
+        yield
+    finally:
+        setattr(local, name, before)

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from codeclog.vocoder.kernels import portable_active
+from codeclog.vocoder.shared import thread_setting
 
 MIN_GEMM_ROWS = 16  # comfortably above the measured small-M threshold (12)
 
@@ -60,12 +61,8 @@ _local = threading.local()
 def per_row_gemms() -> Iterator[None]:
     """In this thread, compute every GEMM of this module once per index of the leading axis (a
     request's rows, or one of its classifier-free-guidance rows). Thread-local, re-entrant."""
-    before = getattr(_local, "per_row", False)
-    _local.per_row = True
-    try:
+    with thread_setting(_local, "per_row", True):
         yield
-    finally:
-        _local.per_row = before
 
 
 def _per_row_active(x: Tensor) -> bool:
