@@ -5,7 +5,7 @@ glibc gives each thread that allocates an arena of its own, up to 8 per core. A 
 memory into their own arenas, and an arena keeps what was freed between blocks still in use.
 One member under the soak's load, the same 145 MB in use: resident about 935 MB with 250-316 MB
 of it freed but held, against about 700 MB with 43-70 MB held in two arenas (BENCHMARKS.md,
-issue 43: "Where the members' memory went").
+"Where the members' memory went").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One run of the fault matrix (issue 19) on a local 3-node cluster (RF 3, min ISR 2): a
+"""One run of the fault matrix on a local 3-node cluster (RF 3, min ISR 2): a
 realtime talker and two `codeclog vocode` members, one fault injected at a seeded random
 moment, then the checks. `python -m bench.faults` runs the whole matrix and prints its table;
 tests/broker/test_cluster_faults.py runs one fault of it. The faults: fault_actions.

@@ -1,4 +1,4 @@
-"""The network faults of the fault matrix (issue 31), injected through a faultable cluster's links
+"""The network faults of the fault matrix, injected through a faultable cluster's links
 (codeclog.devtools.links), each on a schedule drawn from the run's seeded random generator:
 
 delayed-write          member a's link to the leader of audio partition 0 holds every byte

@@ -4,7 +4,7 @@ Fault k comes at (k + 1/2) x `every_s`, moved by up to a quarter of `every_s` ei
 as long as FAULT_ROOM_S (the longest faults, the whole cluster down and its cold start, or a
 minute of slow links, are over within it) and then a cool-down of COOL_DOWN_SHARE of the run
 still fit before the end. The cool-down is there because the verdict judges drift, not
-recovery: what a fault holds for minutes (run 3: a call stuck inside librdkafka for 2-5 minutes
+recovery: what a fault holds for minutes (a call stuck inside librdkafka for 2-5 minutes
 after a whole-cluster `down`, with its handle's 13 fds and 7 threads; the group's lag while it
 catches up) is released in it, so the fit's last samples and the last quarter's lag see the
 group again in its steady state, and what a fault leaves behind for good still shows. The

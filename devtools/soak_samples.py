@@ -1,4 +1,4 @@
-"""What the soak (`python -m bench.soak`, issue 43) samples, and how: a process's resident size,
+"""What the soak (`python -m bench.soak`) samples, and how: a process's resident size,
 open file descriptors and threads from /proc, a Prometheus page's values, and one sample of the
 whole run (every process, the members' figures, the group's lag).
 
@@ -74,7 +74,7 @@ def kafka_handles(pid: int, proc: Path = PROC, settle_s: float = HANDLE_SETTLE_S
 
     A thread the main thread starts (a broker thread) carries its creator's name until it
     names itself, so a thread is counted only if it still has the name settle_s later: a
-    reading taken as a handle met a new broker counted one handle too many (CI, stop 48)."""
+    reading taken as a handle met a new broker counted one handle too many."""
     named = _threads_named(pid, proc, KAFKA_HANDLE_THREAD, None)
     if not named:
         return 0

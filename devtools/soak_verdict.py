@@ -1,7 +1,7 @@
-"""The soak's judgement (issue 43): growth fitted over the samples, lag by quarter, the verdict,
+"""The soak's judgement: growth fitted over the samples, lag by quarter, the verdict,
 its tables and its last line. Pure functions of the samples (codeclog.devtools.soak_samples).
 
-Verdict (docs/soak.md, "Reading the verdict"):
+Verdict (docs/soak.md, "The verdict"):
 
 FAIL   something was lost, written twice or read wrong: the talker's lost records, windows
        `verify` expected and did not find (or found twice), the audit's duplicates, any finding
@@ -129,11 +129,10 @@ def restart_warmup_s(role: str) -> float:
     A node's open fds are mostly its clients' and peers' connections (its log segments hold a
     few dozen, fixed), and after a restart they come back in steps, not at once, as its
     leaderships return (the preferred-leader election runs every 300 s,
-    `leader.imbalance.check.interval.seconds`) and the clients follow them. Every restarted
-    node of soak runs 3-6 sat 15-35 fds below its level for 4 to 10 minutes, then stepped up
-    to it (run 3: 147-149 for 5 minutes, 156-160 for 5 more, then 185-195; run 6: 150-154,
-    169-176, then 184-195 to the end); fitted from 5 minutes after the restart, run 6's node
-    3 read +8.2 %."""
+    `leader.imbalance.check.interval.seconds`) and the clients follow them. A restarted node
+    sits 15-35 fds below its level for 4 to 10 minutes, then steps up to it (for example
+    147-149 for 5 minutes, 156-160 for 5 more, then 185-195; BENCHMARKS.md has the soak runs);
+    fitted from 5 minutes after the restart, such a node read +8.2 %."""
     return NODE_RESTART_WARMUP_S if role.startswith("node-") else RESTART_WARMUP_S
 
 
@@ -270,7 +269,7 @@ def verdict_line(
     lag_p99_s: float,
     word: str,
 ) -> str:
-    """The soak's last line (issue 43's format)."""
+    """The soak's last line (the format docs/soak.md shows)."""
     rss = worst(found, "rss_bytes")
     growth = "n/a" if rss is None or rss.percent is None else f"{rss.percent:.1f}%"
     who = rss.role if rss is not None else "none fitted"

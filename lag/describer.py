@@ -3,7 +3,7 @@
 `describe_consumer_groups` is an admin request to the group's coordinator, and librdkafka
 aborts the whole process on some of those when the coordinator moves or cannot be reached
 (`rd_kafka_enq_once_del_source_return: Assertion 'eonce->refcnt > 0' failed`, librdkafka
-#4605). A request timeout past the broker's own made it rarer, not impossible: issue 43's
+#4605). A request timeout past the broker's own made it rarer, not impossible: the
 hour-long soak lost its lag exporter so again, 2 minutes after a transaction-coordinator cut.
 No setting of the request avoids it, so the request runs where an abort costs nothing: a child
 process (spawned, never forked from a process with librdkafka's threads) with its own

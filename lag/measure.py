@@ -218,7 +218,7 @@ class LagMeasurer:
 
         The request is asked in a child process (`codeclog.lag.describer`): librdkafka aborts
         the process on some admin coordinator requests when the coordinator moves (#4605;
-        issue 43's soak lost its exporter so twice: docs/lag.md). Only `timeout_s` is waited
+        the hour-long soak lost its exporter so twice: docs/lag.md). Only `timeout_s` is waited
         for the answer; while the child waits, or after it died, the group is unknown.
         """
         answer = self._describer.ask(group, topic)

@@ -87,7 +87,7 @@ def close_retired(producer: Producer, bound: float) -> None:
     or once its stuck call returned): purged, flushed and closed on a daemon thread, so its
     threads and sockets do not pile up. Closed, not only dropped: a reference left anywhere (an
     exception's traceback kept by a log record, a cycle the collector has not reached) would
-    keep the handle alive (issue 43's soak: one more handle, +13 fds, after each such fault)."""
+    keep the handle alive (the hour-long soak: one more handle, +13 fds, after each such fault)."""
 
     def close() -> None:
         try:

@@ -59,7 +59,7 @@ RETRY_PAUSE_S = 1.0  # between two init_transactions attempts at start
 # Producers given up on with a call still stuck inside librdkafka, at most (each holds a handle:
 # about 13 fds and 7 threads); one more ends the member (exit 1) for its supervisor to start
 # again, the only way to release them: such a call can outlive its timeout by minutes or for
-# good (librdkafka #5456, #5511; the soak's run 3: send_offsets_to_transaction 2-5 minutes)
+# good (librdkafka #5456, #5511; measured in the soak: send_offsets_to_transaction 2-5 minutes)
 MAX_ABANDONED = 3
 CLOSE_ON_FAILURE_S = 2.0  # abort, close and flush bounds once the member is exiting 1
 Refusal = Callable[[BaseException], CodeclogError | None]

@@ -117,7 +117,7 @@ class AudioListener:
                 # the live topic has no transactions: read_committed sees its records at once
                 "isolation.level": "read_committed",
                 "enable.partition.eof": True,
-                # Latency (BENCHMARKS.md, issue 22): the broker answers a fetch as soon as
+                # Latency: the broker answers a fetch as soon as
                 # fetch.min.bytes (default 1) are readable (up to the last stable offset), so
                 # fetch.wait.max.ms only bounds an idle fetch; 50 ms instead of 500 keeps
                 # shutdown and caught_up() prompt. queued.min.messages is prefetch depth, not a
@@ -125,8 +125,8 @@ class AudioListener:
                 "fetch.wait.max.ms": 50,
                 # Memory: librdkafka prefetches up to 64 MB by default; a listener catching up
                 # after an outage (both copies of a minute of audio from every stream) filled
-                # it, and the soak saw its RSS step up at faults and stay (run 3: +9.8% over
-                # the second half). 16 MB is still seconds of audio for every open stream.
+                # it, and the soak saw its RSS step up at faults and stay (+9.8% over the
+                # second half). 16 MB is still seconds of audio for every open stream.
                 "queued.max.messages.kbytes": 16384,
             },
         )
