@@ -18,6 +18,11 @@ receiver (a replacement process in the same consumer group) neither re-indexes n
 a request that ended here. A later record of an ended request is dropped and counted
 `late_dropped`, unless it is chunk 0: a new request under the same id.
 
+The ledger gate. A request is handed out here only once the ledger was read to the end it had
+after the adapter first asked for the request (`take`'s `synced_at`; the receiver reads it):
+another replica's mark of a request that ended there reaches this index before any of the
+request's records is handed out, whatever the timing of a re-submission.
+
 Not an ending, nothing written:
 - a request the adapter never asked for, idle for `idle_s`, is forgotten (`expired`): one
   routed to another replica, read here because every replica reads every partition;
@@ -73,9 +78,11 @@ class Stream:
     touched: float  # last record read, get answered or asked (monotonic s)
     waiting: set[IndexKey] = dataclasses.field(default_factory=set)
     handed: dict[IndexKey, Position] = dataclasses.field(default_factory=dict)
-    claimed: bool = False  # the adapter asked for one of its keys: the request is routed here
-    asked: IndexKey | None = None  # the key the adapter asks for and the index lacks
+    claimed: bool = False  # one of its keys was handed out here: the request is routed here
+    asked: IndexKey | None = None  # the key the adapter asks for and has not got
     asked_since: float | None = None  # since when it asks for that key
+    first_asked: float | None = None  # the adapter's first ask for it here (monotonic s)
+    cleared: bool = False  # the ledger was read to its end after that ask (or this put it)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,14 +147,16 @@ class HandOutIndex:
         self._read[partition] = max(self._read.get(partition, 0), offset + 1)
 
     # ------------------------------------------------------------------------------ records
-    def add(self, key: IndexKey, entry: Entry, now: float) -> bool:
-        """Index a record; False for a copy, a record of an ended request, or a late one."""
+    def add(self, key: IndexKey, entry: Entry, now: float, own: bool = False) -> bool:
+        """Index a record; False for a copy, a record of an ended request, or a late one.
+        `own`: this instance put it (its request passes the ledger gate)."""
         request = request_of(key)
         if not self._admits(request, key, entry):
             return False
         stream = self._streams.get(request)
         if stream is None or stream.partition < 0:
             stream = self._open(request, entry, now, stream)
+        stream.cleared = stream.cleared or own
         waiting = self._entries.get(key)
         handed = stream.handed.get(key)
         if waiting is not None or handed is not None:
@@ -187,16 +196,20 @@ class HandOutIndex:
         stream = Stream(entry.partition, entry.offset, entry.offset, now)
         if asked is not None:
             stream.claimed, stream.handed = asked.claimed, asked.handed
+            stream.asked, stream.asked_since = asked.asked, asked.asked_since
+            stream.first_asked, stream.cleared = asked.first_asked, asked.cleared
         self._streams[request] = stream
         return stream
 
     # --------------------------------------------------------------------------- hand-outs
-    def take(self, key: IndexKey, now: float) -> Entry | None:
+    def take(self, key: IndexKey, now: float, synced_at: float = float("inf")) -> Entry | None:
         """Hand out the entry of `key` (once); a terminal entry ends its request. A miss
-        notes that the adapter waits for the request (`overdue` measures from then)."""
+        notes that the adapter waits for the request (`overdue` measures from then); so does
+        a request held at the ledger gate: `synced_at` is when the receiver last knew the
+        ledger read to its end (module docstring)."""
         request = request_of(key)
         entry = self._entries.get(key)
-        if entry is None:
+        if entry is None or not self._gate(request, now, synced_at):
             self._note_ask(request, key, now)
             return None
         self._drop(key)
@@ -213,6 +226,17 @@ class HandOutIndex:
         stream.asked = stream.asked_since = None
         return entry
 
+    def _gate(self, request: str, now: float, synced_at: float) -> bool:
+        """Whether the request passed the ledger gate: the ledger was read to its end after
+        the adapter's first ask for it here."""
+        stream = self._streams.get(request)
+        if stream is None or stream.cleared:
+            return True
+        first = stream.first_asked if stream.first_asked is not None else now
+        stream.first_asked = first
+        stream.cleared = synced_at >= first
+        return stream.cleared
+
     def _note_ask(self, request: str, key: IndexKey, now: float) -> None:
         if request in self._ended:
             self._asked_after_end[request] = key
@@ -220,9 +244,23 @@ class HandOutIndex:
         stream = self._streams.get(request)
         if stream is None:
             stream = self._streams[request] = Stream(-1, -1, -1, now)
-        stream.claimed, stream.touched = True, now
+        stream.touched = now
+        if stream.first_asked is None:
+            stream.first_asked = now
         if stream.asked != key:
             stream.asked, stream.asked_since = key, now
+
+    def gate_since(self, synced_at: float) -> float | None:
+        """The earliest first ask after `synced_at` of a request at the ledger gate (None:
+        none waits): the receiver reads the ledger to an end it learns after this."""
+        waiting = [
+            stream.first_asked
+            for stream in self._streams.values()
+            if not stream.cleared
+            and stream.first_asked is not None
+            and stream.first_asked > synced_at
+        ]
+        return min(waiting, default=None)
 
     def overdue(self, now: float, wait_s: float) -> list[str]:
         """Requests whose next chunk the adapter has asked for `wait_s` and not got."""

@@ -74,7 +74,7 @@ class Receiver:
         if terminal is not None:
             return terminal, 0
         with self.cond:
-            entry = self.index.take(key, now)
+            entry = self.index.take(key, now, self._recovery.synced_at)
         if entry is None:
             return None
         if entry.terminal:
@@ -154,6 +154,7 @@ class Receiver:
         self.sender.poll()  # the marks' delivery reports
         if self._recovery.active:
             self._recover(consumer, now)
+        self._sync_ledger(consumer, now)
         self._write_marks()
         if now >= timers["check"]:  # while taking over too: the log may be out of reach
             self._enforce_waits(now)
@@ -194,6 +195,18 @@ class Receiver:
             self.settings.instance_id,
             restored,
         )
+
+    def _sync_ledger(self, consumer: Any, now: float) -> None:
+        """The index's ledger gate (omni.takeover, `sync`): read the ledger to an end learnt
+        after the first ask of each request waiting there."""
+        with self.cond:
+            since = self.index.gate_since(self._recovery.synced_at)
+        if since is None:
+            return
+        moved = self._recovery.sync(consumer, since, now)
+        if moved:
+            with self.cond:
+                self.cond.notify_all()
 
     # ----------------------------------------------------------------------------- messages
     def _on_message(self, message: Any) -> None:
@@ -242,7 +255,7 @@ class Receiver:
             envelope = decoded.envelope
             key = (envelope.put_key, envelope.from_stage, envelope.to_stage)
             entry = Entry(decoded.payload, size, partition, offset, decoded.terminal)
-            self.index.add(key, entry, time.monotonic())  # once only
+            self.index.add(key, entry, time.monotonic(), own=not consumed)  # once only
             self.cond.notify_all()
 
     def _client_error(self, err: KafkaError) -> None:

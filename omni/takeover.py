@@ -6,6 +6,10 @@ the same replica identity), it pauses the chunk partitions and reads the hand-ou
 takeover began; its group's marks tell the index (omni.index) which requests ended at a
 predecessor. Then it resumes the chunk partitions. Until then no request is failed for waiting
 and no ledger offset is committed.
+
+After it, the same position serves the index's ledger gate (`sync`): a request first asked for
+at time t is handed out once the ledger was read to an end learnt after t, so another
+replica's mark of it (it ended there) is read before any of its records is handed out here.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class Takeover:
         self.target: int | None = None  # the ledger's end when the takeover began
         self.ledger_read = 0  # the next ledger offset to read
         self.ledger_end = 0  # the ledger's end offset as known here
+        self.synced_at = float("-inf")  # the ledger was read to the end it had then
+        self._sync: tuple[float, int] | None = None  # (asked at, the ledger's end then)
 
     def assigned_to(self, consumer: Any, partitions: list[Any], member: str) -> None:
         """Just after `consumer.assign(partitions)`: hold the chunks while taking over."""
@@ -47,6 +53,7 @@ class Takeover:
             return
         LOGGER.warning("codeclog connector: %s shares its group (no ledger gate)", member)
         self.active = False
+        self.synced_at = float("inf")  # the ledger is another member's: nothing to wait for
 
     def read(self, offset: int) -> None:
         """A ledger record at `offset` was read."""
@@ -71,4 +78,23 @@ class Takeover:
             return False
         consumer.resume(self.paused)
         self.active = False
+        return True
+
+    def sync(self, consumer: Any, since: float | None, now: float) -> bool:
+        """Move `synced_at` past `since` (the first ask of a request at the ledger gate): ask
+        the ledger's end at `now`, then wait until it was read; True when it moved."""
+        if since is None or self.active or self.synced_at >= since:
+            return False
+        if self._sync is None:
+            tp = TopicPartition(self.ledger_topic, 0)
+            try:
+                _low, high = consumer.get_watermark_offsets(tp, timeout=ASK_TIMEOUT_S)
+            except KafkaException:
+                return False  # asked again on the next pass
+            self._sync = (now, high)
+            self.ledger_end = max(self.ledger_end, high)
+        at, high = self._sync
+        if self.ledger_read < high:
+            return False
+        self.synced_at, self._sync = at, None
         return True

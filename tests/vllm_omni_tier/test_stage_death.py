@@ -212,7 +212,10 @@ def test_a_dead_replica_s_requests_re_submitted_to_another_replica_are_handed_ou
         dead_streams = {rid: ids for rid, ids in streams.items() if routed[rid] == 0}
         _wait(lambda: _mid_request(_handed(tmp_path, "a"), dead_streams), 120, "in flight")
         _kill(dead)
-        # what vllm-omni would do if it re-routed the dead replica's requests (0.30 fails them)
+        # what ended at the dead replica: its marks on the ledger when the requests move
+        marked = _marked(bootstrap, topic, f"{group}-replica0", dead)
+        # a naive re-routing of the dead replica's requests, ended ones included (0.30 fails
+        # them; the plugin's re-dispatch moves only the unfinished: test_redispatch.py)
         (tmp_path / "more-c.json").write_text(json.dumps(list(dead_streams)))
         done = _done(tmp_path, "c", other)
         assert talker.wait(120) == 0
@@ -220,7 +223,6 @@ def test_a_dead_replica_s_requests_re_submitted_to_another_replica_are_handed_ou
         for process in (dead, talker, other):
             if process.poll() is None:
                 process.kill()
-    marked = _marked(bootstrap, topic, f"{group}-replica0", dead)
     for rid in streams:
         if routed[rid] == 1 or rid not in marked:  # its own, and the dead one's unfinished
             assert done["chunks"][rid] == baseline[rid], rid
