@@ -18,7 +18,7 @@ import importlib
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -72,33 +72,44 @@ class EchoStage(StageClientBase):
         self._queue.put(output)
 
 
-def _stage_config(max_len: int) -> SimpleNamespace:
-    """What the orchestrator reads of a stage's vLLM config (no model is loaded)."""
+def _stage_config(max_len: int, connector: Mapping[str, Any] | None = None) -> SimpleNamespace:
+    """What the orchestrator reads of a stage's vLLM config (no model is loaded); `connector`:
+    its input edge's connector (`name`, `extra`), as vllm-omni's engine args build it."""
     model = SimpleNamespace(
-        max_model_len=max_len, async_chunk=True, stage_connector_config=None, hf_config=None
+        max_model_len=max_len,
+        async_chunk=True,
+        stage_connector_config=dict(connector) if connector else None,
+        hf_config=None,
     )
     return SimpleNamespace(model_config=model)
 
 
 class OmniServer:
     """The orchestrator of a MiniCPM-o-shaped pipeline (thinker, talker, Code2Wav) whose
-    Code2Wav client is `code2wav`; `submit` a request, `outputs` what the client would get."""
+    Code2Wav replicas' clients are `code2wav` (one client, or a list); `connector`: the
+    talker -> Code2Wav edge's connector config. `submit` a request, `read` what comes out."""
 
-    def __init__(self, code2wav: Any) -> None:
+    def __init__(self, code2wav: Any, connector: Mapping[str, Any] | None = None) -> None:
         self.thinker = EchoStage(THINKER, True, "text")
         self.talker = EchoStage(TALKER, False, None)
-        self.code2wav = code2wav
-        kinds = (("text", self.thinker), ("latent", self.talker), ("audio", code2wav))
+        replicas = list(code2wav) if isinstance(code2wav, (list, tuple)) else [code2wav]
+        self.code2wav = replicas[0]
+        self.replicas = replicas
+        stages = (
+            ("text", [self.thinker], None),
+            ("latent", [self.talker], None),
+            ("audio", replicas, connector),
+        )
         pool = _import("vllm_omni.engine.stage_pool").StagePool
         processor = _import("vllm_omni.outputs.output_processor").MultimodalOutputProcessor
         self.pools = [
             pool(
                 stage,
-                [client],
+                clients,
                 output_processor=processor(None, log_stats=False, engine_core_output_type=kind),
-                stage_vllm_config=_stage_config(65536),
+                stage_vllm_config=_stage_config(65536, edge),
             )
-            for stage, (kind, client) in enumerate(kinds)
+            for stage, (kind, clients, edge) in enumerate(stages)
         ]
         self._ready = threading.Event()
         self._box: dict[str, Any] = {}
@@ -182,7 +193,8 @@ class OmniServer:
         shutdown = _import("vllm_omni.engine.messages").ShutdownRequestMessage
         self._box["requests"].sync_q.put(shutdown())
         self._thread.join(30)
-        self.code2wav.shutdown()
+        for replica in self.replicas:
+            replica.shutdown()
 
 
 def is_error(message: Any) -> bool:

@@ -13,6 +13,10 @@ the scheduler ends as FINISHED_ERROR with the reason. Upstream-ready: the adapte
 itself (or that one callback) to its connector where `self.connector` is created, in
 `OmniChunkTransferAdapter.__init__` (chunk_transfer_adapter.py); the plugin then need not wrap it.
 
+A dead replica's requests move (`codeclog.omni.redispatch`): where a stage receives through
+`CodeclogKafkaConnector`, the orchestrator submits a dead replica's in-flight requests again to a
+live replica instead of failing them (the edge's extra `redispatch: false` keeps 0.30's way).
+
 Mode 2's return path (`install_return_stage`): where $CODECLOG_RETURN_STAGE names a stage, the
 stage runtime builds codeclog's `AudioRelayClient` for it instead of an engine client (the
 Code2Wav stage's audio then comes from codeclog's audio topic, omni.relay). vllm-omni 0.30 has
@@ -30,6 +34,8 @@ import logging
 import os
 from collections.abc import Mapping
 from typing import Any
+
+from codeclog.omni import redispatch
 
 LOGGER = logging.getLogger("codeclog.omni")
 FACTORY_MODULE = "vllm_omni.distributed.omni_connectors.factory"
@@ -68,6 +74,7 @@ def register() -> bool:
     _registered.add(id(factory))
     LOGGER.info("registered %s with vllm-omni's connector factory", NAME)
     bind_adapters()
+    redispatch.install()
     install_return_stage()
     return True
 

@@ -12,6 +12,13 @@ can leave behind). Requests submitted later (another replica's, re-routed to thi
 `more-NAME.json` when it appears. When every request ended and no more are coming (`more` is
 false in the spec, or the file was read), it writes `NAME.done`.
 
+`python stage_procs.py replica SPEC NAME REPLICA FD` is a Code2Wav replica behind vllm-omni's
+orchestrator (replica_client.py is its stage client there): it adds the requests named on its
+standard input (`add RID`, `abort RID`), and writes to file descriptor FD one JSON line per
+Code2Wav step of a request, once its receiver took its group over (first `{"ready": true}`)
+(`{"rid", "seen"}`: what the step got) and one when a request ends
+(`{"rid", "end": "finished" | "failed", "reason"}`), each written as it happens.
+
 SPEC is a JSON file: bootstrap, topic, out (a folder), streams ({request id: codec ids}),
 pace_s, extra (more connector config).
 """
@@ -19,7 +26,10 @@ pace_s, extra (more connector config).
 from __future__ import annotations
 
 import json
+import os
+import queue
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -118,6 +128,55 @@ def code2wav(spec: dict[str, Any], name: str, replica: int) -> None:
     _replace(out / f"{name}.done", json.dumps(done))
 
 
+def replica(spec: dict[str, Any], name: str, replica_id: int, fd: int) -> None:
+    stage = edge.Code2Wav(edge.code2wav_adapter(_deploy(spec), replica=replica_id))
+    commands: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=_read_commands, args=(commands,), daemon=True).start()
+    written: dict[str, int] = {}
+    ended: set[str] = set()
+    with os.fdopen(fd, "w", buffering=1) as out:
+        _until_taken_over(stage.adapter.connector)
+        out.write(json.dumps({"ready": True}) + "\n")
+        while True:
+            while not commands.empty():
+                verb, rid = commands.get().split(" ", 1)
+                if verb == "quit":
+                    stage.adapter.shutdown()
+                    return
+                if verb == "add":
+                    stage.add(rid)
+                    written[rid] = 0
+            stage.step()
+            for rid, seen in stage.chunks.items():
+                for item in seen[written.get(rid, 0) :]:
+                    out.write(json.dumps({"rid": rid, "seen": item}) + "\n")
+                written[rid] = len(seen)
+            ends = [(rid, "finished") for rid in stage.finished]
+            ends += [(rid, "failed") for rid in stage.failed]
+            for rid, how in ends:
+                if rid in ended:
+                    continue
+                ended.add(rid)
+                failures = stage.adapter.connector.health().get("failed_requests", {})
+                out.write(json.dumps({"rid": rid, "end": how, "reason": failures.get(rid)}) + "\n")
+            time.sleep(0.002)
+
+
+def _until_taken_over(connector: Any, timeout_s: float = 120.0) -> None:
+    """Until the connector's receiver took its group over (it serves from then)."""
+    deadline = time.monotonic() + timeout_s
+    while connector.health().get("recovering", True):
+        if time.monotonic() > deadline:
+            raise SystemExit("the receiver did not take its group over")
+        time.sleep(0.05)
+
+
+def _read_commands(commands: queue.Queue[str]) -> None:
+    for line in sys.stdin:
+        commands.put(line.strip())
+    commands.put("quit x")
+
+
 def _plain(value: Any) -> bool:
     try:
         json.dumps(value)
@@ -134,5 +193,7 @@ if __name__ == "__main__":
     loaded = json.loads(spec_path.read_text())
     if role == "talker":
         talker(loaded)
+    elif role == "replica":
+        replica(loaded, sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     else:
         code2wav(loaded, sys.argv[3], int(sys.argv[4]))
