@@ -11,9 +11,9 @@ streams of a batch advance together in one `decode_chunk_batch` call per window.
 Both use the best timed window: on a shared machine other load only ever adds time (the mean
 is printed too).
 
-`--gemms whole,per-row` times each batch both ways: one GEMM over the batch (a GPU engine) and
-one GEMM per request row (`per_row_gemms`, what a batch-invariant CPU engine does); the last
-column is the per-row time over the whole-batch time at that batch.
+`--gemms whole,tiled` times each batch both ways: one GEMM over the batch (a GPU engine) and
+GEMMs over fixed row tiles (`tiled_gemms`, what a batch-invariant CPU engine does); the last
+column is the tiled time over the whole-batch time at that batch.
 
 Run: python -m bench.bench_flow [--configs tiny,full] [--batches 1,4,16] [--device cpu|cuda]
 Prints one Markdown table row per (config, batch, GEMMs) and the exact command.
@@ -52,7 +52,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--gemms",
         default="whole",
-        help="comma list of whole (one GEMM per batch) and per-row (one per request row)",
+        help="comma list of whole (one GEMM per batch) and tiled (fixed row tiles)",
     )
     parser.add_argument("--n-timesteps", type=int, default=10, help="Euler steps per window")
     parser.add_argument("--seed", type=int, default=7, help="seed of prompts and ids")
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch  # after argparse: --help works without torch
 
     from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
-    from codeclog.vocoder.flow.stable import per_row_gemms
+    from codeclog.vocoder.flow.stable import tiled_gemms
 
     torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(
                     f"{name} batch {batch} {gemms}: timing {windows} window(s)...", file=sys.stderr
                 )
-                with per_row_gemms() if gemms == "per-row" else contextlib.nullcontext():
+                with tiled_gemms() if gemms == "tiled" else contextlib.nullcontext():
                     result = time_batch(flow, args, batch, windows)
                 rows.append((name, batch, gemms, windows, result))
         del flow
