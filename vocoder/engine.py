@@ -54,7 +54,7 @@ from codeclog.vocoder.engine_options import (
 from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
 from codeclog.vocoder.flow import FlowState, Token2WavFlow
 from codeclog.vocoder.flow.parallel import RowThreads
-from codeclog.vocoder.flow.stable import tiled_gemms
+from codeclog.vocoder.flow.stable import gemm_tile, tiled_gemms
 from codeclog.vocoder.hift import HiFTGenerator
 from codeclog.vocoder.hift_config import HiftConfig
 from codeclog.vocoder.hift_layers import fuse_weight_norm
@@ -211,6 +211,13 @@ class Code2WavEngine:
         with kernel_scope(self.kernels), rows:
             yield
 
+    @property
+    def gemm_tile_rows(self) -> int | None:
+        """Rows per GEMM tile of the flow (vocoder.flow.stable.tiled_gemms), None when its GEMMs
+        take the whole batch (not batch-invariant, ragged) or the portable kernels run."""
+        tiled = self.batch_invariant and self.batching == "exact"
+        return gemm_tile(self.device) if tiled and self.kernels is Kernels.NATIVE else None
+
     # -- construction ------------------------------------------------------------------------
 
     @classmethod
@@ -257,6 +264,7 @@ class Code2WavEngine:
             "dtype": self.dtype,
             "batch_invariant": self.batch_invariant,
             "batching": self.batching,
+            "gemm_tile_rows": self.gemm_tile_rows,
             "hift": self.hift_variant.value,
             "workers": self.workers,
             "sample_rate_hz": self.sample_rate_hz,
