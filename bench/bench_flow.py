@@ -11,9 +11,10 @@ streams of a batch advance together in one `decode_chunk_batch` call per window.
 Both use the best timed window: on a shared machine other load only ever adds time (the mean
 is printed too).
 
-`--gemms whole,per-row` times each batch both ways: one GEMM over the batch (a GPU engine) and
-one GEMM per request row (`per_row_gemms`, what a batch-invariant CPU engine does); the last
-column is the per-row time over the whole-batch time at that batch.
+`--gemms whole,tiled` times each batch both ways: one GEMM over the batch (a GPU engine) and
+GEMMs over fixed row tiles (`tiled_gemms`, what a batch-invariant CPU engine does); the last
+column is the tiled time over the whole-batch time at that batch. `tiled:N` times tiles of N rows
+instead of the engine's CPU_GEMM_TILE (how the tile size was chosen: BENCHMARKS.md, "Issue 61").
 
 Run: python -m bench.bench_flow [--configs tiny,full] [--batches 1,4,16] [--device cpu|cuda]
 Prints one Markdown table row per (config, batch, GEMMs) and the exact command.
@@ -29,7 +30,7 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 WINDOW_IDS = 28  # 25 fresh + 3 lookahead
@@ -52,7 +53,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--gemms",
         default="whole",
-        help="comma list of whole (one GEMM per batch) and per-row (one per request row)",
+        help="comma list of whole (one GEMM per batch), tiled (fixed row tiles), tiled:N",
     )
     parser.add_argument("--n-timesteps", type=int, default=10, help="Euler steps per window")
     parser.add_argument("--seed", type=int, default=7, help="seed of prompts and ids")
@@ -114,12 +115,28 @@ def machine(args: argparse.Namespace) -> str:
     )
 
 
+@contextlib.contextmanager
+def gemm_scope(stable: Any, gemms: str) -> Iterator[None]:
+    """whole: no scope; tiled: the engine's tiles; tiled:N: tiles of N rows (CPU_GEMM_TILE
+    replaced for the scope)."""
+    if gemms == "whole":
+        yield
+        return
+    saved = stable.CPU_GEMM_TILE
+    _, _, rows = gemms.partition(":")
+    stable.CPU_GEMM_TILE = int(rows) if rows else saved
+    try:
+        with stable.tiled_gemms():
+            yield
+    finally:
+        stable.CPU_GEMM_TILE = saved
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     import torch  # after argparse: --help works without torch
 
-    from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
-    from codeclog.vocoder.flow.stable import per_row_gemms
+    from codeclog.vocoder.flow import FlowConfig, Token2WavFlow, stable
 
     torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -139,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(
                     f"{name} batch {batch} {gemms}: timing {windows} window(s)...", file=sys.stderr
                 )
-                with per_row_gemms() if gemms == "per-row" else contextlib.nullcontext():
+                with gemm_scope(stable, gemms):
                     result = time_batch(flow, args, batch, windows)
                 rows.append((name, batch, gemms, windows, result))
         del flow

@@ -42,7 +42,8 @@ the audio from the 4th window on, not the cost); the peer runs torch's default s
 per intra-op thread count (`--peer-threads`, default 1 and torch's default for the machine: on
 a shared box a second OpenMP thread can cost more than it gives). `--codeclog` adds rows for
 other codeclog engines (`portable`: the cross-CPU kernels; `ragged`: the opt-in batching whose
-rows are within a bound of solo; `one-worker`), measured in the same rounds.
+rows are within a bound of solo; `one-worker`; `invariant`: batch-invariant wherever it runs, on
+CUDA the tiled GEMMs), measured in the same rounds.
 
 Output: one line per batch size (codeclog's default engine against the fastest peer row), a
 markdown table of every contender, the machine, the settings and the exact command. Expected
@@ -92,6 +93,7 @@ MODES: dict[str, EngineOptions] = {
     "portable": {"kernels": "portable"},
     "ragged": {"batching": "ragged"},
     "one-worker": {"workers": 1},
+    "invariant": {"batch_invariant": True},  # on CUDA: the tiled GEMMs (CUDA_GEMM_TILE rows)
 }
 QUICK = {"spec": "tiny", "batches": "1,2", "windows": 2, "rounds": 1, "peer_threads": "1"}
 Plan = list[tuple[tuple[int, ...], bool]]
@@ -455,9 +457,11 @@ def settings(contenders: Sequence[Contender], args: argparse.Namespace) -> list[
             info = contender.engine.describe()
             # Ragged batching overrides the option: its rows are within a bound of a solo decode.
             invariant = bool(info["batch_invariant"]) and info["batching"] == "exact"
+            tile = info["gemm_tile_rows"]
+            tiles = f"GEMM tiles of {tile} rows" if tile else "no GEMM tiles"
             lines.append(
                 f"- {contender.name}: kernels {info['kernels']}, batching {info['batching']}, "
-                f"batch-invariant {invariant}, {contender.engine.determinism.threads}"
+                f"batch-invariant {invariant} ({tiles}), {contender.engine.determinism.threads}"
                 f" intra-op thread(s), {info['workers']} decode worker(s), domain "
                 f"`{info['domain']}`"
             )

@@ -14,6 +14,8 @@
 # environment with vllm-omni 0.30 and minicpmo-utils 1.0.7 (scripts/bootstrap.sh's omni venv and
 # ~/.cache/codeclog/ref-minicpmo-utils): PEER_PYTHON names its python (default: $PYTHON). Its
 # report goes to $OUT (or bench/out)/vs_vllm_omni.md; the remaining arguments are the bench's.
+# Its `codeclog invariant` row is a batch-invariant CUDA engine: the flow's GEMMs over fixed tiles
+# of CUDA_GEMM_TILE rows (vocoder/flow/stable.py; printed before the run and in its settings).
 #
 #   PEER_PYTHON=~/.cache/codeclog/omni-venv/bin/python bench/device_check.sh --vs-vllm-omni
 #   PEER_PYTHON=... bench/device_check.sh --vs-vllm-omni --device cpu --quick   # rehearsal
@@ -28,8 +30,11 @@ if [ "${1:-}" = "--vs-vllm-omni" ]; then
   mkdir -p "$out"
   "$peer_python" -c "import vllm_omni" 2>/dev/null || {
     echo "device_check: vllm-omni is not importable by $peer_python (set PEER_PYTHON)" >&2; exit 1; }
+  tile=$("$peer_python" -c "from codeclog.vocoder.flow.stable import CUDA_GEMM_TILE as t; print(t)")
+  echo "device_check: GEMM tile for CUDA (batch-invariant engines): $tile rows" >&2
   exec timeout 360 "$peer_python" -m bench.bench_vs_vllm_omni --device cuda --spec full \
-    --batches 1,4,16 --windows 3 --rounds 2 --codeclog ragged --out "$out/vs_vllm_omni.md" "$@"
+    --batches 1,4,16 --windows 3 --rounds 2 --codeclog ragged,invariant \
+    --out "$out/vs_vllm_omni.md" "$@"
 fi
 export TORCHDYNAMO_DISABLE=1
 "$python" -c "import torch, numpy" 2>/dev/null || { echo "device_check: needs torch and numpy" >&2; exit 1; }

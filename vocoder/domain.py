@@ -3,7 +3,8 @@ decode, recorded with every audio chunk and checkpoint, so that two decodes can 
 bytewise exactly when their domains are equal.
 
     portable1:torch2.15:x86_64                    portable kernels: any x86-64 CPU
-    native:torch2.15:cpu:AuthenticAMD:AVX2:t1     native CPU kernels: vendor, ISA level, threads
+    native:torch2.15:cpu:AuthenticAMD:AVX2:t1:m52 native CPU kernels: vendor, ISA level, threads,
+                                                  rows per GEMM tile (vocoder.flow.stable)
     native:torch2.15:cuda13.2:NVIDIA-H200         native CUDA kernels (deterministic settings)
 
 Environment knobs that change which native kernels run (MKL_CBWR, ONEDNN_MAX_CPU_ISA,
@@ -11,7 +12,9 @@ ATEN_CPU_CAPABILITY) add a `:env-<hash>` suffix. An engine appends what else dec
 (`engine_domain_suffix`): `:bfloat16` / `:float16` for a flow not in float32, `:causal` for the
 causal HiFT (scheme B), `:ragged` for ragged batching; the defaults add nothing, so a float32
 scheme-A exact engine's domain is the bare one above. The portable domain carries a version number
-(`portable1`): a change to vocoder/kernels that moves any byte must bump it.
+(`portable1`): a change to vocoder/kernels that moves any byte must bump it. The native CPU
+domain names the GEMM tile of batch-invariant decoding (`m52`: CPU_GEMM_TILE rows): before the
+tiles (issue 61) it ended at `t1`, and its bytes were those of one GEMM per request row.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 import torch
 
 from codeclog.vocoder.determinism import DeterminismSettings, planned_settings
+from codeclog.vocoder.flow.stable import CPU_GEMM_TILE
 from codeclog.vocoder.kernels import Kernels
 from codeclog.vocoder.shared import CAUSAL_DOMAIN_TAG, domain_hift_variant
 
@@ -45,7 +49,7 @@ def determinism_domain(
         parts += [f"cuda{torch.version.cuda}", _gpu_name(device)]
     else:
         parts += [device.type, cpu_vendor(), torch.backends.cpu.get_cpu_capability()]
-        parts.append(f"t{settings.threads}")
+        parts += [f"t{settings.threads}", f"m{CPU_GEMM_TILE}"]
     knobs = [f"{key}={value}" for key, value in settings.env if key in _KERNEL_ENV]
     if knobs:
         parts.append("env-" + hashlib.sha256("\n".join(knobs).encode()).hexdigest()[:8])

@@ -54,7 +54,7 @@ from codeclog.vocoder.engine_options import (
 from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
 from codeclog.vocoder.flow import FlowState, Token2WavFlow
 from codeclog.vocoder.flow.parallel import RowThreads
-from codeclog.vocoder.flow.stable import per_row_gemms
+from codeclog.vocoder.flow.stable import gemm_tile, tiled_gemms
 from codeclog.vocoder.hift import HiFTGenerator
 from codeclog.vocoder.hift_config import HiftConfig
 from codeclog.vocoder.hift_layers import fuse_weight_norm
@@ -203,13 +203,20 @@ class Code2WavEngine:
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
         """The engine's kernels for the calling thread (see vocoder.kernels) and, when it is
-        batch-invariant with exact batching, one GEMM per request row (vocoder.flow.stable
-        .per_row_gemms). Ragged rows are within a bound of their solo decode, not its bytes,
+        batch-invariant with exact batching, GEMMs over fixed row tiles (vocoder.flow.stable
+        .tiled_gemms). Ragged rows are within a bound of their solo decode, not its bytes,
         whatever their GEMMs: a ragged engine's take the whole batch, as a GPU's do."""
         exact_rows = self.batch_invariant and self.batching == "exact"
-        rows = per_row_gemms() if exact_rows else contextlib.nullcontext()
+        rows = tiled_gemms() if exact_rows else contextlib.nullcontext()
         with kernel_scope(self.kernels), rows:
             yield
+
+    @property
+    def gemm_tile_rows(self) -> int | None:
+        """Rows per GEMM tile of the flow (vocoder.flow.stable.tiled_gemms), None when its GEMMs
+        take the whole batch (not batch-invariant, ragged) or the portable kernels run."""
+        tiled = self.batch_invariant and self.batching == "exact"
+        return gemm_tile(self.device) if tiled and self.kernels is Kernels.NATIVE else None
 
     # -- construction ------------------------------------------------------------------------
 
@@ -257,6 +264,7 @@ class Code2WavEngine:
             "dtype": self.dtype,
             "batch_invariant": self.batch_invariant,
             "batching": self.batching,
+            "gemm_tile_rows": self.gemm_tile_rows,
             "hift": self.hift_variant.value,
             "workers": self.workers,
             "sample_rate_hz": self.sample_rate_hz,

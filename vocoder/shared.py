@@ -5,7 +5,7 @@ torch): stream seeds derived from stream identity, and the float -> PCM conversi
 appends `:causal` for the causal HiFT), so the consumer can refuse to continue a stream in an
 engine of the other variant without importing torch.
 
-`thread_setting` scopes a per-thread setting (the flow's per-row GEMMs, the ragged HiFT's rows)
+`thread_setting` scopes a per-thread setting (the flow's tiled GEMMs, the ragged HiFT's rows)
 to a block.
 
 `stream_seed` is a pure function of (request id, cache epoch), stable across processes, machines

@@ -25,10 +25,11 @@ from codeclog.vocoder.flow import (
 )
 from codeclog.vocoder.flow.parallel import RowThreads
 from codeclog.vocoder.flow.stable import (
+    CPU_GEMM_TILE,
     StableConv1d,
-    per_row_gemms,
     stable_linear,
     stable_matmul,
+    tiled_gemms,
 )
 from tests.vocoder.flow_helpers import PROMPT_TOKENS, prompt, random_ids
 
@@ -37,10 +38,10 @@ pytestmark = pytest.mark.vocoder
 
 @pytest.fixture(autouse=True)
 def batch_invariant() -> Iterator[None]:
-    """As a batch-invariant engine decodes (Code2WavEngine.scope): one GEMM per request row.
+    """As a batch-invariant engine decodes (Code2WavEngine.scope): GEMMs over fixed row tiles.
     Without it a row's last bits may depend on the row count on some CPUs (an emulated Intel
     AVX2 CPU: vocoder/flow/stable.py), and no test may assert what depends on the CPU."""
-    with per_row_gemms():
+    with tiled_gemms():
         yield
 
 
@@ -184,7 +185,7 @@ def test_estimator_rows_in_parts_equal_one_call(
     calls: list[int] = []
 
     def in_scope(task: Callable[[], object]) -> object:
-        with per_row_gemms(), torch.inference_mode():
+        with tiled_gemms(), torch.inference_mode():
             return task()
 
     def run(tasks: Sequence[Callable[[], object]]) -> list[object]:
@@ -250,11 +251,9 @@ def test_stable_matmul_batch_rows_equal_solo(batch: int, queries: int, keys: int
         assert torch.equal(values[row], stable_matmul(scores[row], k[row]))
 
 
-def test_per_row_gemms_give_each_request_its_solo_gemm_shape(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Inside per_row_gemms every GEMM matrix has the shape of a solo decode's, whatever the
-    batch (one batched call, one matrix per request row: no CPU kernel can see the batch);
+def test_tiled_gemms_give_every_gemm_one_tile_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside tiled_gemms every GEMM matrix is a tile of CPU_GEMM_TILE rows, whatever the batch
+    and the row count (one batched call over the tiles: no CPU kernel can see the batch);
     outside it one GEMM covers the batch (a GPU engine)."""
     matrices: list[tuple[int, ...]] = []
     linear, bmm, baddbmm = torch.nn.functional.linear, torch.bmm, torch.baddbmm
@@ -275,21 +274,48 @@ def test_per_row_gemms_give_each_request_its_solo_gemm_shape(
     monkeypatch.setattr(torch, "bmm", batched)
     monkeypatch.setattr(torch, "baddbmm", batched_add)
     weight, bias = torch.randn(8, 32), torch.randn(8)
-    stable_linear(torch.randn(3, 20, 32), weight, None)
-    assert matrices == [(20, 32)] * 3
+    tile = (CPU_GEMM_TILE, 32)
+    stable_linear(torch.randn(3, 20, 32), weight, None)  # 60 rows
+    assert matrices == [tile] * -(-60 // CPU_GEMM_TILE)
     matrices.clear()
-    with per_row_gemms():  # re-entrant
+    with tiled_gemms():  # re-entrant
         pass
-    stable_linear(torch.randn(3, 20, 32), weight, bias)
-    assert matrices == [(20, 32)] * 3  # still inside the fixture's scope
+    stable_linear(torch.randn(1, 1, 32), weight, bias)  # one row: one padded tile
+    assert matrices == [tile]  # still inside the fixture's scope
     matrices.clear()
-    stable_linear(torch.randn(3, 1, 32), weight, bias)  # few rows: padded per request
-    assert matrices == [(16, 32)] * 3
+    stable_linear(torch.randn(16, 2 * CPU_GEMM_TILE + 1, 32), weight, bias)
+    assert matrices == [tile] * (32 + 1)
     matrices.clear()
     with monkeypatch.context() as inner:
-        inner.setattr("codeclog.vocoder.flow.stable._local.per_row", False)
+        inner.setattr("codeclog.vocoder.flow.stable._local.tiled", False)
         stable_linear(torch.randn(3, 20, 32), weight, None)
-    assert matrices == [(60, 32)]
+        stable_linear(torch.randn(1, 3, 32), weight, None)  # few rows: padded to 16
+    assert matrices == [(60, 32), (16, 32)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(min_value=1, max_value=3 * CPU_GEMM_TILE),
+    mates_before=st.integers(min_value=0, max_value=4 * CPU_GEMM_TILE),
+    mates_after=st.integers(min_value=0, max_value=2 * CPU_GEMM_TILE),
+    shape=st.sampled_from([(32, 32), (32, 64), (96, 32), (320, 512), (512, 512), (512, 2048)]),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_tiled_linear_row_bytes_never_depend_on_mates_or_position(
+    rows: int, mates_before: int, mates_after: int, shape: tuple[int, int], seed: int
+) -> None:
+    """The tile property itself: a block of rows gets the bytes it gets alone wherever it lands
+    among any number of other rows (any tile, any position in a tile), at the tiny and the
+    published sizes' projection shapes (K, N)."""
+    width, out = shape
+    g = torch.Generator().manual_seed(seed)
+    weight, bias = torch.randn(out, width, generator=g), torch.randn(out, generator=g)
+    mine = torch.randn(rows, width, generator=g)
+    before = torch.randn(mates_before, width, generator=g)
+    after = torch.randn(mates_after, width, generator=g) * 3.0
+    together = stable_linear(torch.cat([before, mine, after]), weight, bias)
+    alone = stable_linear(mine, weight, bias)
+    assert torch.equal(together[mates_before : mates_before + rows], alone)
 
 
 @settings(max_examples=25, deadline=None)
@@ -322,3 +348,34 @@ def test_full_size_batch_equals_solo_exactly() -> None:
             assert torch.equal(mel[row : row + 1], solo_mel), (width, row)
             assert batched[row].to_bytes() == solo.to_bytes(), (width, row)
         states = batched
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=16), min_size=1, max_size=3),
+    mate_seeds=st.lists(st.integers(min_value=0, max_value=10**6), min_size=15, max_size=15),
+    final=st.booleans(),
+)
+def test_a_streams_bytes_are_the_same_at_every_batch_size_with_any_mates(
+    flow: Token2WavFlow,
+    voices: list[FlowState],
+    sizes: list[int],
+    mate_seeds: list[int],
+    final: bool,
+) -> None:
+    """Property over random batch compositions: stream 0's window, decoded in batches of 1 to 16
+    streams with random mates (voices, ids) at a random slot, gives the bytes of its solo decode
+    (mel and new state)."""
+    width = 17 if final else 28
+    target = stream(77, width)
+    alone_mel, [alone] = flow.decode_chunk_batch([voices[0]], torch.tensor([target]), final)
+    for size in sizes:
+        seeds = mate_seeds[: size - 1]
+        slot = seeds[0] % size if seeds else 0
+        mates = [(voices[seed % len(voices)], stream(seed, width)) for seed in seeds]
+        rows = [*mates[:slot], (voices[0], target), *mates[slot:]]
+        mel, states = flow.decode_chunk_batch(
+            [state for state, _ in rows], torch.tensor([ids for _, ids in rows]), final
+        )
+        assert torch.equal(mel[slot : slot + 1], alone_mel), (size, slot)
+        assert states[slot].to_bytes() == alone.to_bytes(), (size, slot)

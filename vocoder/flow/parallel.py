@@ -1,7 +1,7 @@
 """The estimator's rows on several threads: each row's bytes are those of the whole call.
 
 The DiT estimator is row-local: a row (one request's conditional or unconditional half) never
-reads another row, and inside `per_row_gemms` every GEMM matrix it computes is a row's own.
+reads another row, and inside `tiled_gemms` no GEMM's bytes depend on which rows share it.
 So its N rows may be cut into contiguous parts, each estimated in its own thread, and joined:
 every row gets exactly the bytes of the one call over all N (tests/vocoder/test_flow_batching.py
 checks it). This is how one request's solve uses two cores: its conditional and unconditional

@@ -18,19 +18,24 @@ see tests/vocoder/test_flow_batching.py):
 So every projection is a row-major GEMM over at least `MIN_GEMM_ROWS` rows (zero rows padded
 and dropped), every convolution is an explicit im2col followed by that GEMM, and attention is
 written out (no fused SDPA kernel) with every batched matmul padded to at least 16 rows and
-columns. Inside `per_row_gemms()` (the engine enters it when it is batch-invariant, the default
-on CPU) each GEMM is further computed once per index of the leading (batch) axis, so a request's
-rows go through a GEMM of exactly the shape they have in a solo decode, whatever the CPU's
-kernels do with the row count. Outside it (a GPU engine) one call covers the whole batch.
+columns. Inside `tiled_gemms()` (the engine enters it when it is batch-invariant, the default
+on CPU) every projection is a GEMM over fixed-shape row tiles: the rows of the whole call (every
+request's, one after the other) are cut into tiles of `gemm_tile(device)` rows, the last one
+zero-padded, and one batched GEMM computes every tile with the same weight. Every tile has the
+same shape whatever the batch, so the CPU's kernels see the same M, take the same path and the
+same K blocking, and a row's bytes depend neither on how many rows share the call nor on which
+tile or position in a tile it lands in (a GEMM row is a reduction over K of that row alone);
+the weight is reused across the tile's rows, whoever's they are. Outside it (a GPU engine) one
+call covers the whole batch.
 
-"Once per index" is one batched GEMM call (`torch.baddbmm` / `torch.matmul` over a leading
-axis), not a Python loop: a batched GEMM computes each of its matrices as a lone GEMM of that
-matrix's shape, so every matrix gets the bytes of the one-matrix call whatever the batch count
-(checked bytewise for the GEMM shapes of the tiny model and of the published one, at batch counts
-up to 32, fewer for the largest published shapes: natively on an AVX-512 Intel CPU and under
-`qemu-x86_64 -cpu Haswell-v4`, where the row-count dependence above is real; not under an
-emulated AMD CPU; tests/vocoder/test_flow_batching.py checks it on the machine that runs it). The
-loop of one call per row it replaced cost the tiny flow 1.7x at batch 16.
+"Every tile" is one batched GEMM call (`torch.baddbmm` over a leading tile axis), not a Python
+loop: a batched GEMM computes each of its matrices as a lone GEMM of that matrix's shape, so every
+tile gets the bytes of the one-tile call whatever the tile count (checked bytewise natively on an
+AVX-512 Intel CPU and under `qemu-x86_64 -cpu Haswell-v4`, where the row-count dependence above is
+real; tests/vocoder/test_flow_batching.py checks it on the machine that runs it). The tile size
+was chosen by measurement (BENCHMARKS.md, "Issue 61"): `CPU_GEMM_TILE` rows, a little above the
+rows of one estimator row of a 25-token window (50 mel frames), so a lone row pads little and a
+batch of 16 shares each weight load over 52 rows instead of 50 per request row.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ from codeclog.vocoder.kernels import portable_active
 from codeclog.vocoder.shared import thread_setting
 
 MIN_GEMM_ROWS = 16  # comfortably above the measured small-M threshold (12)
+# Rows per GEMM tile inside tiled_gemms (BENCHMARKS.md, "Issue 61"). Part of the native CPU
+# determinism domain (`:m52`, vocoder/domain.py): another tile size gives other bytes.
+CPU_GEMM_TILE = 52  # measured on 2 CPU cores, tiny and published sizes, b = 1..16
+CUDA_GEMM_TILE = 128  # a batch-invariant CUDA engine's (opt-in); not yet measured on a GPU
 
 # Every weight is allocated on the meta device (no memory, no initialisation, no RNG) and then
 # materialised and initialised once, from a seeded generator, by Token2WavFlow.
@@ -58,40 +67,60 @@ _local = threading.local()
 
 
 @contextlib.contextmanager
-def per_row_gemms() -> Iterator[None]:
-    """In this thread, compute every GEMM of this module once per index of the leading axis (a
-    request's rows, or one of its classifier-free-guidance rows). Thread-local, re-entrant."""
-    with thread_setting(_local, "per_row", True):
+def tiled_gemms() -> Iterator[None]:
+    """In this thread, compute every projection of this module over fixed-shape row tiles (a
+    row's bytes then never depend on its batch mates). Thread-local, re-entrant."""
+    with thread_setting(_local, "tiled", True):
         yield
 
 
-def _per_row_active(x: Tensor) -> bool:
-    """One GEMM matrix per index of x's leading axis. Not under portable kernels: their exact
-    products round each row on its own scale, so no row ever depends on its batch mates."""
-    per_row = getattr(_local, "per_row", False) and x.dim() >= 2 and x.shape[0] >= 2
-    return per_row and not portable_active()
+def gemm_tile(device: torch.device) -> int:
+    """Rows per GEMM tile inside `tiled_gemms` on `device`."""
+    return CUDA_GEMM_TILE if device.type == "cuda" else CPU_GEMM_TILE
+
+
+def _tiles_active() -> bool:
+    """Not under portable kernels: their exact products round each row on its own scale, so no
+    row ever depends on its batch mates (and the portable domain's bytes stay as they are)."""
+    return getattr(_local, "tiled", False) and not portable_active()
 
 
 def stable_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """`F.linear` over the last axis with a row-count-independent GEMM; inside `per_row_gemms`
-    one GEMM matrix per index of the leading axis."""
-    matrices = x.shape[0] if _per_row_active(x) else 1
-    rows = x.reshape(matrices, -1, x.shape[-1])
-    count = rows.shape[1]
-    if count < MIN_GEMM_ROWS:
-        pad = rows.new_zeros((matrices, MIN_GEMM_ROWS - count, rows.shape[2]))
-        rows = torch.cat([rows, pad], dim=1)
+    """`F.linear` over the last axis with a row-count-independent GEMM: inside `tiled_gemms`
+    over fixed row tiles, outside one GEMM of at least `MIN_GEMM_ROWS` rows."""
+    rows = x.reshape(-1, x.shape[-1])
+    if _tiles_active():
+        out = _tiled_gemm(rows, weight, bias, gemm_tile(x.device))
     else:
-        rows = rows.contiguous()  # a transposed view would select a different GEMM kernel
-    if matrices == 1:
-        out = F.linear(rows[0], weight, bias)[None]
-    else:  # each matrix as F.linear computes it alone (see the module doc)
-        weights = weight.t().expand(matrices, -1, -1)
-        if bias is None:
-            out = torch.bmm(rows, weights)
-        else:
-            out = torch.baddbmm(bias.expand(matrices, rows.shape[1], -1), rows, weights)
-    return out[:, :count].reshape(*x.shape[:-1], weight.shape[0])
+        out = _padded_gemm(rows, weight, bias)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _pad_rows(rows: Tensor, total: int) -> Tensor:
+    """rows (M, K) with zero rows appended up to `total`, contiguous (a transposed view would
+    select a different GEMM kernel)."""
+    if rows.shape[0] < total:
+        return torch.cat([rows, rows.new_zeros((total - rows.shape[0], rows.shape[1]))])
+    return rows.contiguous()
+
+
+def _padded_gemm(rows: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """One GEMM over every row, at least MIN_GEMM_ROWS of them."""
+    count = rows.shape[0]
+    return F.linear(_pad_rows(rows, max(count, MIN_GEMM_ROWS)), weight, bias)[:count]
+
+
+def _tiled_gemm(rows: Tensor, weight: Tensor, bias: Tensor | None, tile: int) -> Tensor:
+    """rows (M, K) through one batched GEMM of ceil(M / tile) tiles of `tile` rows each."""
+    count = rows.shape[0]
+    tiles = max(1, -(-count // tile))
+    padded = _pad_rows(rows, tiles * tile).reshape(tiles, tile, rows.shape[1])
+    weights = weight.t().expand(tiles, -1, -1)
+    if bias is None:
+        out = torch.bmm(padded, weights)
+    else:
+        out = torch.baddbmm(bias.expand(tiles, tile, -1), padded, weights)
+    return out.reshape(tiles * tile, -1)[:count]
 
 
 class StableLinear(nn.Linear):
@@ -133,7 +162,7 @@ def stable_matmul(a: Tensor, b: Tensor) -> Tensor:
     Batched matmul picks its kernel from the whole problem: with M < 16 or N < 16 a matrix's
     result changes with the number of matrices in the batch. Zero-padding M and N to at least
     `MIN_GEMM_ROWS` (and slicing the padding off) removes that dependence, so the leading axis
-    needs no split inside `per_row_gemms` (one batched call computes each matrix alone).
+    needs no split inside `tiled_gemms` (one batched call computes each matrix alone).
     """
     return _padded_matmul(a, b)
 
