@@ -36,6 +36,7 @@ SHM = edge.deploy_config("SharedMemoryConnector", edge.shm_extra())
 LENGTHS = (3, 60, 112, 150, 200, 240, 180)  # 7: each replica gets some of every length
 REQUESTS = 52  # 26 per replica (the orchestrator alternates)
 PACE_S = 0.03
+REPORT = "CODECLOG_REDISPATCH_REPORT"  # a file the main test writes its measures to
 
 
 def _spec(out: Path, bootstrap: str, topic: str, streams: dict[str, list[int]], group: str) -> Path:
@@ -58,6 +59,7 @@ class Served:
     def __init__(self, requests: list[str]) -> None:
         self.codes: dict[str, list[list[int]]] = {rid: [] for rid in requests}
         self.finished: dict[str, float] = {}
+        self.seen_at: dict[str, list[float]] = {rid: [] for rid in requests}  # per output
         self.errors: dict[str, str] = {}
 
     def take(self, messages: list[Any]) -> None:
@@ -67,6 +69,7 @@ class Served:
             elif omni.is_audio(message):
                 waveforms, done, _rate = omni.audio_of(message)
                 self.codes[message.request_id] += [codes_of(w) for w in waveforms if len(w)]
+                self.seen_at[message.request_id].append(time.time())
                 if done:
                     self.finished[message.request_id] = time.time()
 
@@ -174,8 +177,19 @@ def test_a_dead_replica_s_requests_finish_on_the_other_equal_to_an_undisturbed_r
     assert moved <= set(run["on_other"])
     for rid in set(run["on_dead"]) - moved:
         assert rid not in run["on_other"] and rid in set(served.finished) | window, rid
-    first = min(served.finished[rid] for rid in run["moved"] if rid in served.finished)
-    assert first - run["killed_at"] < 120
+    after = [t for rid in moved for t in served.seen_at[rid] if t > run["killed_at"]]
+    assert after and min(after) - run["killed_at"] < 120
+    report = os.environ.get(REPORT)
+    if report:  # bench.bench_redispatch runs this test and prints what it measured
+        summary = {
+            "in_flight": len(in_flight),
+            "moved": len(moved),
+            "finished_moved": len(moved & set(served.finished)),
+            "window": sorted(window),
+            "first_output_s": min(after) - run["killed_at"],
+            "all_finished_s": max(served.finished.values()) - run["killed_at"],
+        }
+        Path(report).write_text(json.dumps(summary))
 
 
 @pytest.mark.timeout(600)
