@@ -42,9 +42,13 @@ class Moves:
         self.outputs.pop(request_id, None)
         self.skip.pop(request_id, None)
 
-    def admit(self, request_id: str) -> bool:
-        """Whether an engine output of the request goes on (False: the moved request's new
-        replica made it again); counts it."""
+    def admit(self, output: Any) -> bool:
+        """Whether an engine output goes on (False: the moved request's new replica made it
+        again); counts it. A failure always goes on: it is news, never a copy."""
+        request_id = output.request_id
+        if getattr(getattr(output, "finish_reason", None), "name", None) == "ERROR":
+            self.skip.pop(request_id, None)
+            return True
         if self.skip.get(request_id, 0) > 0:
             self.skip[request_id] -= 1
             return False
@@ -181,7 +185,7 @@ def _deduplicating(original: Any) -> Any:
     ) -> Any:
         moves = moves_of(self.stage_pools[stage_id])
         if moves is not None and raw_outputs.outputs:
-            raw_outputs.outputs = [o for o in raw_outputs.outputs if moves.admit(o.request_id)]
+            raw_outputs.outputs = [o for o in raw_outputs.outputs if moves.admit(o)]
         return await original(self, stage_id, replica_id, raw_outputs, *args)
 
     return _process_llm_stage_outputs

