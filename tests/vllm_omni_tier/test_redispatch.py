@@ -24,7 +24,7 @@ from typing import Any
 import pipeline as edge
 import pytest
 from replica_client import ReplicaClient, codes_of
-from test_stage_death import _marked
+from test_stage_death import _marked, _spec
 
 from codeclog.devtools import omni_server as omni
 from codeclog.omni import redispatch
@@ -35,22 +35,7 @@ SHM = edge.deploy_config("SharedMemoryConnector", edge.shm_extra())
 # when it dies, some ended and some near their end
 LENGTHS = (3, 60, 112, 150, 200, 240, 180)  # 7: each replica gets some of every length
 REQUESTS = 52  # 26 per replica (the orchestrator alternates)
-PACE_S = 0.03
 REPORT = "CODECLOG_REDISPATCH_REPORT"  # a file the main test writes its measures to
-
-
-def _spec(out: Path, bootstrap: str, topic: str, streams: dict[str, list[int]], group: str) -> Path:
-    spec = {
-        "bootstrap": bootstrap,
-        "topic": topic,
-        "out": str(out),
-        "streams": streams,
-        "pace_s": PACE_S,
-        "extra": {"group_id": group, "kafka": {"session.timeout.ms": 300_000}},
-    }
-    path = out / "spec.json"
-    path.write_text(json.dumps(spec))
-    return path
 
 
 class Served:
