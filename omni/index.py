@@ -18,10 +18,16 @@ receiver (a replacement process in the same consumer group) neither re-indexes n
 a request that ended here. A later record of an ended request is dropped and counted
 `late_dropped`, unless it is chunk 0: a new request under the same id.
 
-The ledger gate. A request is handed out here only once the ledger was read to the end it had
-after the adapter first asked for the request (`take`'s `synced_at`; the receiver reads it):
-another replica's mark of a request that ended there reaches this index before any of the
-request's records is handed out, whatever the timing of a re-submission.
+The ledger gate. A request is handed out here, or refused for having ended, only once the
+ledger was read to the end it had after the adapter first asked for it (`take`'s and
+`asked_after_end`'s `synced_at`; the receiver reads it): another replica's mark of a request
+that ended there, and the orchestrator's move of it (`moved`), reach this index before it
+decides, whatever the timing of a re-submission.
+
+Moves. The records of a request that ended at another replica are parked, not dropped (within
+`max_entries` parked and for `idle_s`): when that replica died before the request's last
+output reached the orchestrator, the orchestrator moves it here (omni.redispatch, a
+`HandOutMove` on the ledger), its endings are void and it is handed out from chunk 0.
 
 Not an ending, nothing written:
 - a request the adapter never asked for, idle for `idle_s`, is forgotten (`expired`): one
@@ -95,6 +101,7 @@ class Ending:
     reason: str  # one of ENDING_REASONS
     at: float  # when it ended (monotonic s; a restored one: when it was restored)
     mark_offset: int | None = None  # its mark's offset on the ledger, once written
+    elsewhere: bool = False  # at another replica's group: its records here are parked
 
 
 def request_of(key: IndexKey) -> str:
@@ -118,7 +125,11 @@ class HandOutIndex:
         self._entries: OrderedDict[IndexKey, Entry] = OrderedDict()  # waiting, oldest first
         self._streams: dict[str, Stream] = {}
         self._ended: dict[str, Ending] = {}
-        self._asked_after_end: dict[str, IndexKey] = {}  # ended, asked for again: the key
+        # ended, asked for again: the key and the first such ask (refused past the gate)
+        self._asked_after_end: dict[str, tuple[IndexKey, float]] = {}
+        # records of requests that ended elsewhere, oldest first: (parked at, their entries)
+        self._parked: OrderedDict[str, tuple[float, list[tuple[IndexKey, Entry]]]] = OrderedDict()
+        self._parked_entries = 0
         self._read: dict[int, int] = {}  # partition -> next offset to read
 
     def __len__(self) -> int:
@@ -133,6 +144,11 @@ class HandOutIndex:
     def handed(self) -> int:
         """Handed-out keys remembered (of requests not ended yet)."""
         return sum(len(stream.handed) for stream in self._streams.values())
+
+    @property
+    def parked(self) -> int:
+        """Records kept of requests that ended elsewhere (module docstring)."""
+        return self._parked_entries
 
     @property
     def ended(self) -> int:
@@ -151,7 +167,7 @@ class HandOutIndex:
         """Index a record; False for a copy, a record of an ended request, or a late one.
         `own`: this instance put it (its request passes the ledger gate)."""
         request = request_of(key)
-        if not self._admits(request, key, entry):
+        if not self._admits(request, key, entry, now):
             return False
         stream = self._streams.get(request)
         if stream is None or stream.partition < 0:
@@ -175,17 +191,21 @@ class HandOutIndex:
             self.counts["evicted"] += 1
         return True
 
-    def _admits(self, request: str, key: IndexKey, entry: Entry) -> bool:
+    def _admits(self, request: str, key: IndexKey, entry: Entry, now: float) -> bool:
         """Whether a record of `request` may be indexed (not one of a request that ended)."""
         ending = self._ended.get(request)
         if ending is None:
             return True
         if entry.partition == ending.partition and entry.offset <= ending.last_offset:
+            if ending.elsewhere:  # the orchestrator may move it here (`moved`)
+                self._park(request, [(key, entry)], now)
+                return False
             self.counts["ended_skipped"] += 1  # read again: it ended here or at a predecessor
             return False
         if chunk_of(key) == 0:
             del self._ended[request]  # chunk 0 again: a new request under the same id
             self._asked_after_end.pop(request, None)
+            self._unpark(request)
             return True
         self.counts["late_dropped"] += 1
         self._ended[request] = dataclasses.replace(ending, last_offset=entry.offset)
@@ -239,7 +259,8 @@ class HandOutIndex:
 
     def _note_ask(self, request: str, key: IndexKey, now: float) -> None:
         if request in self._ended:
-            self._asked_after_end[request] = key
+            _key, since = self._asked_after_end.get(request, (key, now))
+            self._asked_after_end[request] = (key, since)
             return
         stream = self._streams.get(request)
         if stream is None:
@@ -260,7 +281,8 @@ class HandOutIndex:
             and stream.first_asked is not None
             and stream.first_asked > synced_at
         ]
-        return min(waiting, default=None)
+        refusing = [since for _key, since in self._asked_after_end.values() if since > synced_at]
+        return min(waiting + refusing, default=None)
 
     def overdue(self, now: float, wait_s: float) -> list[str]:
         """Requests whose next chunk the adapter has asked for `wait_s` and not got."""
@@ -277,11 +299,18 @@ class HandOutIndex:
         stream = self._streams.get(request)
         return stream.asked if stream is not None else None
 
-    def asked_after_end(self) -> list[tuple[str, IndexKey]]:
-        """(request, key) the adapter asked for although the request ended (reported once)."""
-        asked = sorted(self._asked_after_end.items())
-        self._asked_after_end.clear()
-        return asked
+    def asked_after_end(self, synced_at: float = float("inf")) -> list[tuple[str, IndexKey]]:
+        """(request, key) the adapter asked for although the request ended, reported once,
+        past the ledger gate (asked at or before `synced_at`: no move of it was on the ledger
+        then)."""
+        due = sorted(
+            (request, key)
+            for request, (key, since) in self._asked_after_end.items()
+            if since <= synced_at
+        )
+        for request, _key in due:
+            del self._asked_after_end[request]
+        return due
 
     def restart_waits(self, now: float) -> None:
         """Every wait counts from `now` (the receiver could not answer before: it was
@@ -321,7 +350,8 @@ class HandOutIndex:
         if stream is not None and stream.partition < 0:  # asked for before the ledger was read
             del self._streams[ending.request_id]
             if stream.asked is not None:
-                self._asked_after_end[ending.request_id] = stream.asked
+                since = stream.first_asked if stream.first_asked is not None else ending.at
+                self._asked_after_end[ending.request_id] = (stream.asked, since)
 
     def ended_elsewhere(self, ending: Ending) -> None:
         """Another replica's group ended the request: unless the adapter here asked for it
@@ -331,9 +361,40 @@ class HandOutIndex:
         if stream is not None and (stream.claimed or stream.first_offset > ending.last_offset):
             return
         if stream is not None:
+            entries = [(key, self._entries[key]) for key in stream.waiting]
             self._forget_stream(ending.request_id)
-        self._ended.setdefault(ending.request_id, ending)
+            self._park(ending.request_id, entries, ending.at)
+        self._ended.setdefault(ending.request_id, dataclasses.replace(ending, elsewhere=True))
         self.counts["ended_elsewhere"] += 1
+
+    def moved(self, request: str, now: float) -> None:
+        """The orchestrator moved the request to another replica (a `HandOutMove` on the
+        ledger): its endings are void, and what was parked of it is indexed again, so the
+        replica it moved to hands it out from chunk 0."""
+        self._ended.pop(request, None)
+        asked = self._asked_after_end.pop(request, None)
+        for key, entry in sorted(self._unpark(request), key=lambda item: item[1].position):
+            self.add(key, entry, now)
+        if asked is not None:
+            self._note_ask(request, asked[0], now)
+            self._streams[request].first_asked = asked[1]
+        self.counts["moved"] += 1
+
+    def _park(self, request: str, entries: list[tuple[IndexKey, Entry]], now: float) -> None:
+        """Keep records of a request that ended elsewhere, within `max_entries` parked and
+        for `idle_s` (`expire`)."""
+        if not entries:
+            return
+        _at, parked = self._parked.setdefault(request, (now, []))
+        parked.extend(entries)
+        self._parked_entries += len(entries)
+        while self._parked_entries > self.max_entries:
+            self.counts["parked_evicted"] += len(self._unpark(next(iter(self._parked))))
+
+    def _unpark(self, request: str) -> list[tuple[IndexKey, Entry]]:
+        _at, parked = self._parked.pop(request, (0.0, []))
+        self._parked_entries -= len(parked)
+        return parked
 
     def forget(self, name: str, now: float) -> None:
         """End a request (by request id, `cleanup`), or drop one waiting key (by put key)."""
@@ -350,6 +411,9 @@ class HandOutIndex:
             if idle and stream.asked_since is None:
                 self.counts["expired"] += len(stream.waiting)
                 self._forget_stream(request)
+        for request, (at, _parked) in list(self._parked.items()):
+            if now - at >= self.idle_s:
+                self._unpark(request)
         commits = self.commit_offsets()
         for request, ending in list(self._ended.items()):
             unreachable = ending.last_offset < commits.get(ending.partition, 0)

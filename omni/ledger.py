@@ -7,7 +7,8 @@ the chunk topic and commits a ledger offset below every mark a successor may nee
 (`HandOutIndex.ledger_floor`), so a successor that takes over the group reads, before any chunk,
 the marks of the requests it would otherwise hand out again. Marks of other groups (the other
 replicas of the receiving stage) tell a receiver to drop what it read of a request that ended
-elsewhere.
+elsewhere. The orchestrator writes a `HandOutMove` when it moves a request of a dead replica to
+another (omni.redispatch, `write_moves`): the endings of it read before are void there.
 
 What it costs: one mark (about 100 bytes) per request per receiving replica, and at a takeover
 the ledger's records from the floor on. The ledger keeps the chunk topic's retention: the
@@ -20,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -33,7 +34,7 @@ from codeclog.omni.sender import Sender
 from codeclog.omni.settings import ConnectorSettings
 from codeclog.omni.tally import Tally
 from codeclog.schemas import wire
-from codeclog.schemas.records import HandOutEnd, HandOutMark
+from codeclog.schemas.records import HandOutEnd, HandOutMark, HandOutMove
 
 LOGGER = logging.getLogger("codeclog.omni")
 SUFFIX = ".handout"
@@ -65,13 +66,18 @@ def encode_mark(ending: Ending, group: str, topic: str, producer_id: str, now_ms
     return wire.encode(mark)
 
 
-def decode_mark(value: bytes | None, offset: int, now: float) -> tuple[str, Ending] | None:
-    """(group, ending) of a ledger record, None for a record that is not a mark."""
+def decode_mark(
+    value: bytes | None, offset: int, now: float
+) -> tuple[str, Ending] | HandOutMove | None:
+    """(group, ending) of a ledger mark, the move itself for a `HandOutMove`, None for a
+    record of another kind."""
     try:
         mark = wire.decode(value)
     except wire.DecodeError as exc:
         LOGGER.warning("codeclog connector: ledger record at offset %d skipped: %s", offset, exc)
         return None
+    if isinstance(mark, HandOutMove):
+        return mark
     if not isinstance(mark, HandOutMark):
         return None
     ending = Ending(
@@ -127,6 +133,25 @@ class MarkWriter:
             return
         self.tally.add("marks")
         self.on_marked(request, msg.offset())
+
+
+def write_moves(settings: ConnectorSettings, requests: Sequence[str], from_group: str) -> int:
+    """Write a `HandOutMove` of each request (the orchestrator moved it away from the replica
+    of `from_group`) and wait for the broker: how many it acknowledged."""
+    tally = Tally()
+    sender = Sender(settings, tally)
+    topic, now_ms = ledger_topic(settings.topic), time.time_ns() // 1_000_000
+    acknowledged: list[bool] = []
+    for rid in requests:
+        move = HandOutMove(rid, from_group, settings.topic, now_ms, settings.producer_id)
+        sender.produce(
+            topic,
+            mark_key(from_group, rid),
+            wire.encode(move),
+            lambda err, _msg: acknowledged.append(err is None),
+        )
+    sender.close()
+    return sum(acknowledged)
 
 
 def ensure_ledger(client: Mapping[str, Any], topic: str, timeout_s: float = 15.0) -> str:

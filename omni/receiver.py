@@ -38,6 +38,7 @@ from codeclog.omni.settings import ConnectorSettings
 from codeclog.omni.takeover import Takeover
 from codeclog.omni.tally import Tally
 from codeclog.schemas import wire
+from codeclog.schemas.records import HandOutMove
 
 LOGGER = logging.getLogger("codeclog.omni")
 POLL_S = 0.1
@@ -229,6 +230,10 @@ class Receiver:
             self._recovery.read(offset)
             if decoded is None:
                 return
+            if isinstance(decoded, HandOutMove):
+                self.index.moved(decoded.request_id, time.monotonic())
+                self.cond.notify_all()
+                return
             group, ending = decoded
             if group != self.settings.group_id:
                 self.index.ended_elsewhere(ending)
@@ -320,7 +325,7 @@ class Receiver:
                 )
                 failing.append((request, key, reason))
                 self.tally.add("timed_out")
-            for request, key in self.index.asked_after_end():
+            for request, key in self.index.asked_after_end(self._recovery.synced_at):
                 ending = self.index.ending(request)
                 how = ending.reason if ending is not None else "ended"
                 reason = f"request {request} ended on this edge before ({how}): not handed again"
@@ -341,6 +346,7 @@ class Receiver:
                 "index_requests": self.index.requests,
                 "handed_keys": self.index.handed,
                 "ended_requests": self.index.ended,
+                "parked_records": self.index.parked,
                 "failed_requests": self.failures.named(),
                 **dict(self.index.counts),
             }

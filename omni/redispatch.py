@@ -11,12 +11,17 @@ patch this stands in for (deploy/upstream/).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import importlib
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
+
+from codeclog.omni import ledger
+from codeclog.omni.settings import read_settings
 
 LOGGER = logging.getLogger("codeclog.omni")
 ORCHESTRATOR_MODULE = "vllm_omni.engine.orchestrator"
@@ -24,6 +29,8 @@ POOL_MODULE = "vllm_omni.engine.stage_pool"
 SETTING = "redispatch"  # in the edge's extra: false keeps vllm-omni 0.30's behaviour
 WRAPPED = "_codeclog_redispatch"  # set on a class once its methods are wrapped
 CONNECTOR = "CodeclogKafkaConnector"
+FACTORY_MODULE = "vllm_omni.distributed.omni_connectors.factory"
+PATCHED = "_redispatch_requests"  # the upstream patch's method (deploy/upstream/)
 
 
 @dataclasses.dataclass
@@ -32,6 +39,7 @@ class Moves:
     as, how many engine outputs of each reached the orchestrator, and how many of a moved
     request's first outputs to drop (the new replica makes them again, from chunk 0)."""
 
+    extra: dict[str, Any]  # the edge's connector extra: where the ledger is
     submitted: dict[str, Any] = dataclasses.field(default_factory=dict)
     outputs: dict[str, int] = dataclasses.field(default_factory=dict)
     skip: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -59,15 +67,20 @@ class Moves:
 def enabled(connector_config: Any) -> bool:
     """Whether a stage whose input connector is `connector_config` (its `name` and `extra`,
     as vllm-omni puts it on the stage's model config) has its requests moved."""
+    name, extra = _connector(connector_config)
+    if name != CONNECTOR:
+        return False  # shared memory and the others: nothing can be served again
+    value = extra.get(SETTING, True)
+    return str(value).lower() not in ("0", "false", "no", "off")
+
+
+def _connector(connector_config: Any) -> tuple[Any, dict[str, Any]]:
     if isinstance(connector_config, Mapping):
         name, extra = connector_config.get("name"), connector_config.get("extra")
     else:
         name = getattr(connector_config, "name", None)
         extra = getattr(connector_config, "extra", None)
-    if name != CONNECTOR:
-        return False  # shared memory and the others: nothing can be served again
-    value = (extra or {}).get(SETTING, True)
-    return str(value).lower() not in ("0", "false", "no", "off")
+    return name, dict(extra or {})
 
 
 def moves_of(pool: Any) -> Moves | None:
@@ -75,20 +88,25 @@ def moves_of(pool: Any) -> Moves | None:
     found = pool.__dict__.get(WRAPPED)
     if found is None:
         model_config = getattr(getattr(pool, "stage_vllm_config", None), "model_config", None)
-        on = enabled(getattr(model_config, "stage_connector_config", None))
-        found = Moves() if on else False
+        connector_config = getattr(model_config, "stage_connector_config", None)
+        on = enabled(connector_config)
+        found = Moves(_connector(connector_config)[1]) if on else False
         pool.__dict__[WRAPPED] = found
     return found or None
 
 
 def install() -> bool:
     """Wrap the orchestrator's dead-replica handler and the stage pool's submit, output and
-    release paths, once; False where vllm-omni's engine does not import."""
+    release paths, once; where vllm-omni carries the upstream patch, register the connector's
+    redelivery hook with its factory instead. False where vllm-omni's engine does not import."""
     try:
         orchestrator = importlib.import_module(ORCHESTRATOR_MODULE).Orchestrator
         pool = importlib.import_module(POOL_MODULE).StagePool
     except Exception:  # vllm_omni without vllm: no orchestrator to change
         return False
+    if hasattr(orchestrator, PATCHED):  # vllm-omni with the upstream patch: it moves them
+        _register_hook()
+        return True
     if not getattr(orchestrator, WRAPPED, False):
         orchestrator._handle_dead_replica = _moving(orchestrator._handle_dead_replica)
         orchestrator._process_llm_stage_outputs = _deduplicating(
@@ -100,6 +118,12 @@ def install() -> bool:
         pool.release_binding = _forgetting(pool.release_binding)
         setattr(pool, WRAPPED, True)
     return True
+
+
+def _register_hook() -> None:
+    factory = importlib.import_module(FACTORY_MODULE).OmniConnectorFactory
+    if factory.redelivery_for(CONNECTOR) is None:
+        factory.register_redelivery(CONNECTOR, prepare_redelivery)
 
 
 def _moving(original: Any) -> Any:
@@ -115,6 +139,7 @@ def _moving(original: Any) -> Any:
         kept = {rid: (moves.submitted[rid], moves.outputs.get(rid, 0)) for rid in movable}
         pool.release_bindings(movable)  # the original then fails only what cannot move
         await original(self, stage_id, replica_id, error)
+        await _log_moves(moves, stage_id, replica_id, movable)
         for rid, (request, made) in kept.items():
             await _move(self, pool, stage_id, rid, request, made, moves)
 
@@ -133,6 +158,37 @@ def _stranded(
         and pool.get_bound_replica_id(rid) == replica_id
         and rid in moves.submitted
     ]
+
+
+def prepare_redelivery(
+    extra: Mapping[str, Any], requests: list[str], stage_id: int, replica_id: int
+) -> None:
+    """Put the moves of `requests` (away from the dead `replica_id`) on the edge's ledger
+    before any is submitted again (omni.ledger): where the dead replica had ended a request
+    whose last output never reached the orchestrator, the replica it moves to hands it out
+    again, from chunk 0. The hook the upstream patch calls (deploy/upstream/)."""
+    config = {**extra, "stage_id": stage_id, "replica_id": replica_id}
+    config["producer_id"] = f"orchestrator-{os.getpid()}"
+    settings = read_settings(config)
+    acknowledged = ledger.write_moves(settings, requests, settings.group_id)
+    if acknowledged < len(requests):  # the log out of reach: those ended there are refused
+        LOGGER.warning(
+            "codeclog: %d of %d moves of stage-%s replica-%s on the ledger",
+            acknowledged,
+            len(requests),
+            stage_id,
+            replica_id,
+        )
+
+
+async def _log_moves(moves: Moves, stage_id: int, replica_id: int, requests: list[str]) -> None:
+    if not requests:
+        return
+    write = functools.partial(prepare_redelivery, moves.extra, requests, stage_id, replica_id)
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, write)
+    except Exception as exc:
+        LOGGER.warning("codeclog: moves of stage-%s not on the ledger: %s", stage_id, exc)
 
 
 async def _move(

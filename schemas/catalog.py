@@ -32,6 +32,7 @@ from codeclog.schemas.records import (
     DeadLetter,
     HandOutEnd,
     HandOutMark,
+    HandOutMove,
     PayloadEntry,
     PayloadEnvelope,
     PayloadKind,
@@ -47,6 +48,7 @@ Record: TypeAlias = (
     | StreamCheckpoint
     | PayloadEnvelope
     | HandOutMark
+    | HandOutMove
 )
 
 AVRO_DIR = Path(__file__).parent / "avro"
@@ -60,6 +62,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
     "stream_checkpoint": StreamCheckpoint,
     "payload_envelope": PayloadEnvelope,
     "handout_mark": HandOutMark,
+    "handout_move": HandOutMove,
 }
 
 _INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
@@ -271,6 +274,7 @@ _CONVERTERS: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
     "stream_checkpoint": (),
     "payload_envelope": (("entries", lambda items: tuple(map(_entry_from_avro, items))),),
     "handout_mark": (("reason", HandOutEnd),),
+    "handout_move": (),
 }
 # Record value -> Avro value, where that is not the identity (tuples need none: fastavro writes
 # any sequence; enums are written as their values).

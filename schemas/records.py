@@ -166,6 +166,18 @@ class HandOutMark:
     producer_id: str = ""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class HandOutMove:
+    """A request the orchestrator moved to another replica, on the edge's hand-out ledger:
+    its earlier endings are void (omni.redispatch)."""
+
+    request_id: str
+    consumer_group: str  # the replica it moved from
+    input_topic: str
+    produced_at_ms: int = 0
+    producer_id: str = ""
+
+
 class HandOutEnd(enum.Enum):
     """Why a request ended at a vllm-omni connector receiver (omni.index)."""
 

@@ -40,6 +40,7 @@ RELEASED = {
     "d699bc2c63d84841": "dead_letter.v1",
     "03e98d1a172905bc": "dead_letter.v2",
     "834191cc2a56776d": "handout_mark.v1",
+    "de61d57fb920d962": "handout_move.v1",
     "2d2862b058f3a6ef": "payload_envelope.v1",
     "b84761925d27020d": "stream_checkpoint.v1",
     "3604587b7d5af268": "stream_checkpoint.v2",

@@ -20,6 +20,7 @@ from codeclog.schemas.records import (
     DeadLetter,
     HandOutEnd,
     HandOutMark,
+    HandOutMove,
     StreamCheckpoint,
     slot_constructor,
     to_dict,
@@ -76,6 +77,7 @@ EXAMPLES: dict[str, catalog.Record] = {
     "handout_mark": HandOutMark(
         "r", "code2wav-replica0", "codec.chunks", 2, 4096, HandOutEnd.TIMED_OUT, 5, "omni-7"
     ),
+    "handout_move": HandOutMove("r", "code2wav-replica0", "codec.chunks", 5, "orchestrator-7"),
     "checkpoint": StreamCheckpoint(
         "r", "codec.chunks", 5, True, 2, 1200, 1234, 7, 168000, fold_state_json="{}"
     ),

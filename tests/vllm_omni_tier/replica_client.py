@@ -47,6 +47,9 @@ class ReplicaClient(StageClientBase):
         self.name = name
         self.added: list[str] = []
         self.lines = 0  # lines read from the process
+        # requests whose end the process held back (`withhold_ends` in the spec): ended at its
+        # adapter, their finish never reached the orchestrator
+        self.withheld: list[str] = []
         self.ready = threading.Event()  # its receiver took its group over
         self._queue: queue.Queue[Any] = queue.Queue()
         read, write = os.pipe()
@@ -111,6 +114,8 @@ class ReplicaClient(StageClientBase):
                     item = json.loads(line)
                     if item.get("ready"):
                         self.ready.set()
+                    elif item.get("withheld"):
+                        self.withheld.append(item["rid"])
                     else:
                         self._queue.put(_output(item))
 

@@ -17,10 +17,12 @@ orchestrator (replica_client.py is its stage client there): it adds the requests
 standard input (`add RID`, `abort RID`), and writes to file descriptor FD one JSON line per
 Code2Wav step of a request, once its receiver took its group over (first `{"ready": true}`)
 (`{"rid", "seen"}`: what the step got) and one when a request ends
-(`{"rid", "end": "finished" | "failed", "reason"}`), each written as it happens.
+(`{"rid", "end": "finished" | "failed", "reason"}`), each written as it happens; the first
+`withhold_ends[NAME]` finishes are held back (`{"rid", "withheld"}`: ended at the adapter, the
+finish lagging in the engine's output when the process dies).
 
 SPEC is a JSON file: bootstrap, topic, out (a folder), streams ({request id: codec ids}),
-pace_s, extra (more connector config).
+pace_s, extra (more connector config), withhold_ends ({replica name: count}).
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ def replica(spec: dict[str, Any], name: str, replica_id: int, fd: int) -> None:
     threading.Thread(target=_read_commands, args=(commands,), daemon=True).start()
     written: dict[str, int] = {}
     ended: set[str] = set()
+    withhold = int(spec.get("withhold_ends", {}).get(name, 0))
     with os.fdopen(fd, "w", buffering=1) as out:
         _until_taken_over(stage.adapter.connector)
         out.write(json.dumps({"ready": True}) + "\n")
@@ -157,6 +160,10 @@ def replica(spec: dict[str, Any], name: str, replica_id: int, fd: int) -> None:
                 if rid in ended:
                     continue
                 ended.add(rid)
+                if how == "finished" and withhold > 0:  # its end lags in the pipe: never sent
+                    withhold -= 1
+                    out.write(json.dumps({"rid": rid, "withheld": how}) + "\n")
+                    continue
                 failures = stage.adapter.connector.health().get("failed_requests", {})
                 out.write(json.dumps({"rid": rid, "end": how, "reason": failures.get(rid)}) + "\n")
             time.sleep(0.002)
