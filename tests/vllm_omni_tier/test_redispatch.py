@@ -214,7 +214,8 @@ def test_the_upstream_patch_moves_them_without_the_plugin_s_wrapper(
         ["patch", "-p1", "-d", str(site), "-i", str(PATCH)], capture_output=True, text=True
     )
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    env = {**os.environ, "PYTHONPATH": str(site), PATCHED: "1", "CODECLOG_BOOTSTRAP": bootstrap}
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, PATCHED: "1", "CODECLOG_BOOTSTRAP": bootstrap}
     ran = subprocess.run(
         [
             sys.executable,
