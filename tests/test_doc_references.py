@@ -311,3 +311,37 @@ def test_the_module_check_tells_a_stale_name_from_a_live_one() -> None:
     assert not _resolves("codeclog.errors.NoSuchError")
     assert not _resolves("codeclog.errors.CodeclogError.no_such_attribute")
     assert "codeclog.ControlKind" in _avro_names()
+
+
+# --- BENCHMARKS.md's opening table ------------------------------------------------------------
+
+QUOTED = re.compile(r"\"([^\"]+)\"")
+DATE = re.compile(r"^(?:-|\d{4}-\d{2}-\d{2}\b.*)$")
+
+
+def test_benchmarks_md_opens_with_one_table_whose_rows_name_their_log_section() -> None:
+    """Where things stand, before the log of how they got there: one table, each row a measure
+    with its command and date, naming the Log section (a heading of the file) with its runs."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    opening, log_heading, _ = text.partition("\n## Log\n")
+    assert log_heading, "BENCHMARKS.md has no '## Log' section"
+    assert not re.search(r"^#{2,} ", opening, re.M), "nothing but the table comes before the Log"
+    rows = [line for line in opening.splitlines() if line.startswith("|")]
+    tables = re.findall(r"(?:^\|.*\n)+", opening, re.M)
+    assert len(tables) == 1 and len(rows) > 2
+    header, rule, *measures = (
+        [cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows
+    )
+    assert header[:1] == ["measure (Log section)"] and {"command", "date"} <= set(header)
+    assert set("".join(rule)) <= set("-:")
+    command, date = header.index("command"), header.index("date")
+    wrong = [
+        row[0]
+        for row in measures
+        if len(row) != len(header)
+        or not row[command]
+        or not DATE.match(row[date])
+        or not QUOTED.findall(row[0])
+        or not all(_has_section(ROOT / "BENCHMARKS.md", s) for s in QUOTED.findall(row[0]))
+    ]
+    assert wrong == []
