@@ -1,8 +1,8 @@
 """Least-privilege ACLs for the codeclog roles, and applying them with the Admin API.
 
-`role_acls` is pure: the one table of who may do what (README, "Security"). `apply_acls`
-creates the bindings (CreateAcls is idempotent: an existing binding is not duplicated) with a
-principal allowed to alter ACLs (the local broker's super user `admin`).
+`role_acls` is pure: the one table of who may do what (docs/security.md, "Roles and ACLs").
+`apply_acls` creates the bindings (CreateAcls is idempotent: an existing binding is not
+duplicated) with a principal allowed to alter ACLs (the local broker's super user `admin`).
 
 Why each grant (Kafka's authorisation of each request the clients send):
 * talker: Produce needs WRITE on the topic; Metadata for the topic needs DESCRIBE; the

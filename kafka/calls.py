@@ -47,8 +47,9 @@ RETRY_INIT_CODES = frozenset(
 )
 
 # Indefinite outcomes: the request timed out on the client, so it may still land on the broker
-# later (a produce, an EndTxn, a TxnOffsetCommit held in the network). README, "How recovery
-# works": the member re-initialises its producer after one (an epoch bump fences it).
+# later (a produce, an EndTxn, a TxnOffsetCommit held in the network). docs/operating.md, "The
+# defence against late requests": the member re-initialises its producer after one (an epoch
+# bump fences it).
 INDEFINITE_CODES = frozenset(
     code
     for name in ("_TIMED_OUT", "_MSG_TIMED_OUT", "REQUEST_TIMED_OUT", "_TIMED_OUT_QUEUE")

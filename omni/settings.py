@@ -1,8 +1,8 @@
 """The connector's settings: the edge's `extra` dict of the deploy YAML, read once.
 
 vllm-omni adds `stage_id` and `role` to the edge's `extra`; every other key is the user's
-(docs/vllm-omni.md, "Config keys"). Unknown keys are left alone: the MiniCPM-o processor reads
-its own windowing keys (`codec_chunk_frames`, ...) from the same dict.
+(docs/vllm-omni.md, "Mode 1", its config keys). Unknown keys are left alone: the MiniCPM-o
+processor reads its own windowing keys (`codec_chunk_frames`, ...) from the same dict.
 """
 
 from __future__ import annotations

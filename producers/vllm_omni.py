@@ -1,8 +1,8 @@
 """The talker hook for vllm-omni: a stage input processor that publishes to Kafka.
 
 `tts2code2wav_kafka` has the signature of the upstream `tts2code2wav_async_chunk` (MiniCPM-o 4.5)
-and is configured in its place (`custom_process_next_stage_input_func`, README "Use from
-vllm-omni"). It windows the talker's codec ids exactly as the upstream producer does
+and is configured in its place (`custom_process_next_stage_input_func`, docs/vllm-omni.md,
+"Mode 2"). It windows the talker's codec ids exactly as the upstream producer does
 (`producers.windowing`), publishes the records with `ChunkPublisher` and returns None: nothing
 goes over the in-process connector, Code2Wav (`codeclog vocode`) reads Kafka.
 

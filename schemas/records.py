@@ -133,7 +133,7 @@ class StreamCheckpoint:
     """Recovery progress of one request, written with the audio in the same transaction.
 
     Lives on the compacted progress topic, keyed by request id, in the partition numbered like
-    the request's input partition. See consumers/member/service.py, "How recovery works".
+    the request's input partition. See docs/operating.md, "How recovery works".
     """
 
     request_id: str

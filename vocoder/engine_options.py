@@ -60,7 +60,7 @@ def check_placement(device: torch.device, kernels: Kernels, batching: str, dtype
 
 def default_kernels(device: torch.device) -> Kernels:
     """Native: the portable kernels cost more than 2x the native RTF on CPU (BENCHMARKS.md,
-    "Determinism"), so they are chosen explicitly (`--kernels portable`, and replay's and
+    "Issue 15"), so they are chosen explicitly (`--kernels portable`, and replay's and
     verify's defaults); on an accelerator only native kernels exist."""
     del device
     return Kernels.NATIVE

@@ -1,5 +1,5 @@
 """`codeclog acls apply|show`: least-privilege ACLs for the talker, vocoder, monitor and replay
-roles (README, "Security")."""
+roles (docs/security.md, "Roles and ACLs")."""
 
 from __future__ import annotations
 

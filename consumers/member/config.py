@@ -38,8 +38,9 @@ class VocodeConfig:
     max_poll_interval_ms: int = 300_000
     exit_when_idle_s: float | None = None  # tests and the demo: stop after this long idle
     rebuild_batch: int = 256
-    # Liveness bounds (README, "How recovery works"). Every librdkafka call that can wait gets
-    # kafka_timeout_s; one that has not returned CALL_GRACE_S later is abandoned as stuck.
+    # Liveness bounds (docs/operating.md, "Liveness bounds"). Every librdkafka call that can
+    # wait gets kafka_timeout_s; one that has not returned CALL_GRACE_S later is abandoned as
+    # stuck.
     kafka_timeout_s: float = 10.0
     # After a failed transaction or call, the member aborts, rebuilds and retries; if no
     # transaction commits within outage_timeout_s of the first failure, it gives up (exit 1).

@@ -1,5 +1,5 @@
-"""Recovery: the state of newly assigned partitions, rebuilt from the log (README, "How
-recovery works").
+"""Recovery: the state of newly assigned partitions, rebuilt from the log (docs/operating.md,
+"How recovery works").
 
 Vocoder state (hundreds of MB per stream on the real model) is never snapshotted. When a
 partition is assigned (start, restart after SIGKILL, rebalance, or a rewind after a failed
@@ -161,7 +161,8 @@ class Recovery:
     def check_domains(self, domain: str, rids: list[str], checkpoints: Checkpoints) -> None:
         """A stream rebuilt in another determinism domain than the one that decoded it so far
         continues with audio that differs from an uninterrupted run in the low bits: said in
-        the log and counted (README, "How recovery works"). Portable members never differ."""
+        the log and counted (docs/operating.md, "How recovery works"). Portable members never
+        differ."""
         for rid in rids:
             written = checkpoints[rid].determinism_domain
             if written and written != domain:

@@ -1,7 +1,8 @@
 """What an authorisation refusal means for this member, and that it ends the member.
 
-A refused login or ACL is a configuration error (exit 2, README "Security"): no retry helps,
-and the message names the principal, the operation and the resource (codeclog.kafka.access).
+A refused login or ACL is a configuration error (exit 2, docs/security.md, "Refusals"): no
+retry helps, and the message names the principal, the operation and the resource
+(`codeclog.kafka.access`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class Refusals:
 
     @property
     def doing(self) -> dict[str, str]:
-        """Refusal kind -> what this member was doing (kafka_access)."""
+        """Refusal kind -> what this member was doing (`codeclog.kafka.access`)."""
         t = self.topics
         return {
             "topic": f"READ topic {t.chunks} or WRITE topics {t.audio}, {t.dlq}, {t.progress}",

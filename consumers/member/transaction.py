@@ -15,9 +15,9 @@ The member queues a step and goes on polling and decoding; a failed transaction 
 the member's thread at its next `write_step` (or `await_commit`), and the member discards what
 it decoded since the last commit and rebuilds its state from the log.
 
-Failures: a call stuck past its timeout (kafka_calls.StuckCallError) or a fatal producer error
-marks the producer wedged; `ensure_producer` replaces it with a new one under the same
-transactional id (init_transactions fences the old one and aborts its open transaction). The
+Failures: a call stuck past its timeout (`codeclog.kafka.calls.StuckCallError`) or a fatal
+producer error marks the producer wedged; `ensure_producer` replaces it with a new one under the
+same transactional id (init_transactions fences the old one and aborts its open transaction). The
 producer given up on is destroyed once no call is inside it (consumers/member/stuck_calls.py):
 at once after a fatal error, when the stuck call returns after a stuck one; until then it is
 `abandoned` (the command line then ends with os._exit), and more than MAX_ABANDONED of them end
@@ -95,8 +95,8 @@ class Transactions:
         self._writer = TransactionWriter(self._write_transaction, max_queued_bytes)
         # A refused login or ACL as the error to end with (exit 2), None for any other error
         self.refusal = refusal
-        # The defence against late requests (README, "How recovery works"); off only in the
-        # test that shows it is what keeps the history clean
+        # docs/operating.md, "The defence against late requests"; off only in the test that
+        # shows it is what keeps the history clean
         self.reinit_after_indefinite = reinit_after_indefinite
         self.reinits = 0  # producers re-initialised after an indefinite outcome
         self._retiring = False  # the producer to replace is not stuck: close it, in the background

@@ -6,7 +6,7 @@ else is a real difference. Decodes in different domains (native kernels on two C
 the portable CPU kernels) differ by float rounding noise only; they are accepted when every
 sample is within `max_abs_lsb` of the other and the window's SNR (expected energy over
 difference energy) is at least `min_snr_db`. The defaults sit well above the noise measured
-between domains (BENCHMARKS.md, "Determinism") and far below what any real change to the audio
+between domains (BENCHMARKS.md, "Issue 15") and far below what any real change to the audio
 does (a wrong window, a shifted sample, a missing frame: differences of hundreds of LSB).
 """
 

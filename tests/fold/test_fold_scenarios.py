@@ -1,7 +1,8 @@
 """Every scenario reproduces its expected report exactly, under both policies.
 
-The keys compared are those of tests/data/scenarios/README.md ("the real report may carry more
-keys"); `build_report` produces exactly these, so the whole report is compared.
+The keys compared are those of tests/data/scenarios/README.md, "The report" (where the real
+report "may carry more keys"); `build_report` produces exactly these, so the whole report is
+compared.
 """
 
 from __future__ import annotations

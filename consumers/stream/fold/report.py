@@ -3,7 +3,7 @@
     {"policy", "events", "unprocessed", "stage": {"fatal": null | {...}},
      "requests": {request_id: {"status": "open" | "released" | "killed", "outcomes": [...]}}}
 
-Status (docs/fold-contract.md, "Report"): "open" while the request has an open stream after its
+Status (docs/fold-contract.md, "The report"): "open" while the request has an open stream after its
 last event, "killed" (strict only) when its stream was open at the fatal rejection or it was the
 rejected request, else "released" (which includes a request whose events were all refused
 before any stream opened). A rejection without a request id is filed under the key "".
