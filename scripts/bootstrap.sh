@@ -78,26 +78,36 @@ fi
 # The vllm-omni environment of the real-package tier (tests/omni/test_vllm_omni_tier.py): built
 # as a vllm-omni user builds it, pip resolving vllm-omni 0.30.0 with vllm 0.30.0 (the pair it is
 # built for), then codeclog with its dependencies; once per machine (about 9 GB, 5 minutes).
-# Python 3.10, the oldest both support, where this machine has it: codeclog runs inside vLLM
-# on 3.10 too. The tier reinstalls the checkout's codeclog into it on every run.
+# On Python 3.12, the one Python upstream runs its CI on: on 3.10 the package's serving layer
+# does not import (vllm_omni/engine/duplex/commands.py:84, "multiple bases have instance lay-out
+# conflict"; docs/vllm-omni.md, "Versions"). $CODECLOG_OMNI_PYTHON names another interpreter.
+# The stamp names the Python too, so an environment built on another one is built again. The
+# tier reinstalls the checkout's codeclog into it on every run.
 omni_venv="${CODECLOG_OMNI_VENV:-$cache/omni-venv}"
 omni_stamp="$omni_venv/.codeclog-omni"
-omni_want="vllm-omni==0.30.0 vllm==0.30.0"
+omni_pkgs="vllm-omni==0.30.0 vllm==0.30.0"
+omni_want="$omni_pkgs on Python 3.12"
 if [ "$(cat "$omni_stamp" 2>/dev/null)" != "$omni_want" ]; then
-  omni_python=""
-  for candidate in python3.10 "$(pyenv root 2>/dev/null)"/versions/3.10*/bin/python3.10; do
-    if [ -n "$candidate" ] && "$candidate" -c "import sys; sys.exit(sys.version_info[:2] != (3, 10))" 2>/dev/null; then
-      omni_python="$candidate"; break
-    fi
-  done
-  omni_python="${omni_python:-$python}"
+  omni_python="${CODECLOG_OMNI_PYTHON:-}"
+  if [ -z "$omni_python" ]; then
+    for candidate in python3.12 "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12; do
+      if [ -n "$candidate" ] && "$candidate" -c "import sys; sys.exit(sys.version_info[:2] != (3, 12))" 2>/dev/null; then
+        omni_python="$candidate"; break
+      fi
+    done
+  fi
+  if [ -z "$omni_python" ]; then
+    say "the vllm-omni environment needs Python 3.12 (python3.12 on PATH, pyenv's 3.12, or"
+    say "\$CODECLOG_OMNI_PYTHON): e.g. 'pyenv install 3.12', then run this again"
+    exit 1
+  fi
   rm -rf "$omni_venv"
   step "creating the vllm-omni environment $omni_venv ($("$omni_python" -V 2>&1))" \
     "$omni_python" -m venv "$omni_venv"
   step "upgrading its pip (a few seconds)" "$omni_venv/bin/python" -m pip install -q --upgrade pip
   # shellcheck disable=SC2086
-  step "installing $omni_want into it (first time on this machine: about 9 GB, 5 min)" \
-    "$omni_venv/bin/python" -m pip install -q --progress-bar off $omni_want
+  step "installing $omni_pkgs into it (first time on this machine: about 9 GB, 5 min)" \
+    "$omni_venv/bin/python" -m pip install -q --progress-bar off $omni_pkgs
   step "installing codeclog and pytest into it (a minute)" \
     "$omni_venv/bin/python" -m pip install -q --progress-bar off "$here" pytest pytest-timeout
   step "checking its dependencies (seconds)" "$omni_venv/bin/python" -m pip check

@@ -1,11 +1,12 @@
 """The real-package tier: codeclog inside the released vllm-omni (tests/vllm_omni_tier/).
 
 scripts/bootstrap.sh builds, once per machine, the environment a vllm-omni user has (pip
-resolving vllm-omni 0.30.0 with vllm 0.30.0, Python 3.10 where the machine has it). This test
-installs the checkout's codeclog into it as a user installs a package (a wheel, not an editable
-checkout), then runs the tier there with pytest, against this session's broker: the real chunk
-transfer adapter, the package's MiniCPM-o processor, the connector made by the real factory,
-and shared memory as the baseline. Never skipped in CI; docs/testing.md has its cost.
+resolving vllm-omni 0.30.0 with vllm 0.30.0, on Python 3.12: the one upstream's CI runs, and one
+where the package's serving layer imports; docs/vllm-omni.md, "Versions"). This test installs the
+checkout's codeclog into it as a user installs a package (a wheel, not an editable checkout),
+then runs the tier there with pytest, against this session's broker: the real chunk transfer
+adapter, the package's MiniCPM-o processor, the connector made by the real factory, and shared
+memory as the baseline. Never skipped in CI; docs/testing.md has its cost.
 """
 
 from __future__ import annotations
