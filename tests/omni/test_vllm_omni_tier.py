@@ -5,8 +5,9 @@ resolving vllm-omni 0.30.0 with vllm 0.30.0, on Python 3.12: the one upstream's 
 where the package's serving layer imports; docs/vllm-omni.md, "Versions"). This test installs the
 checkout's codeclog into it as a user installs a package (a wheel, not an editable checkout),
 then runs the tier there with pytest, against this session's broker: the real chunk transfer
-adapter, the package's MiniCPM-o processor, the connector made by the real factory, and shared
-memory as the baseline. Never skipped in CI; docs/testing.md has its cost.
+adapter, the package's MiniCPM-o processor, the connector made by the real factory, upstream's
+own connector cases, and shared memory as the baseline. Never skipped in CI; docs/testing.md
+has its cost.
 """
 
 from __future__ import annotations
