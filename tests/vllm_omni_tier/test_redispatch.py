@@ -86,7 +86,12 @@ def _run(
     try:
         for rid in streams:
             server.submit(rid)
-            server.finish_upstream(rid)  # the thinker and talker engines' part is done
+        # the thinker and talker engines' part is done, once the orchestrator gave them each
+        # request: it drops an engine's output for a request it has not registered yet, and the
+        # request would then wait for its upstream stages' ends forever
+        _until_submitted(replicas, streams)
+        for rid in streams:
+            server.finish_upstream(rid)
         for replica in replicas:
             assert replica.ready.wait(120), f"replica {replica.name} did not start"
         talker = subprocess.Popen(
@@ -115,6 +120,19 @@ def _run(
         "moved": [rid for rid in replicas[1].added if rid in dead.added],  # submitted again
         "killed_at": killed_at,
     }
+
+
+def _until_submitted(
+    replicas: list[ReplicaClient], streams: dict[str, list[int]], timeout_s: float = 60
+) -> None:
+    """Until the orchestrator submitted every request to a Code2Wav replica: it submits a
+    request's stages in order (vllm-omni's async-chunk prewarm), so the thinker and the talker
+    have it too."""
+    deadline = time.monotonic() + timeout_s
+    while sum(len(replica.added) for replica in replicas) < len(streams):
+        if time.monotonic() > deadline:
+            raise AssertionError("the orchestrator did not submit every request")
+        time.sleep(0.01)
 
 
 def _mid_run(served: Served, dead: ReplicaClient) -> bool:
