@@ -223,7 +223,8 @@ def test_the_upstream_patch_moves_them_without_the_plugin_s_wrapper(
     bootstrap: str, tmp_path: Path
 ) -> None:
     """deploy/upstream/'s patch applied to the installed vllm-omni 0.30 (a copy of it first on
-    the path): the main test passes with the orchestrator's own re-dispatch."""
+    the path): the main test passes with the orchestrator's own re-dispatch. Beside a CPU-bound
+    process: the cheap form of the SIGKILL stress in CI (docs/testing.md, "Stress")."""
     import vllm_omni
 
     site = tmp_path / "site"
@@ -234,20 +235,18 @@ def test_the_upstream_patch_moves_them_without_the_plugin_s_wrapper(
     assert applied.returncode == 0, applied.stdout + applied.stderr
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, PATCHED: "1", "CODECLOG_BOOTSTRAP": bootstrap}
-    ran = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            f"{Path(__file__).name}::{MAIN}",
-        ],
-        cwd=HERE,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=840,
-    )
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        ran = subprocess.run(
+            [*command, f"{Path(__file__).name}::{MAIN}"],
+            cwd=HERE,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=840,
+        )
+    finally:
+        burner.kill()
+        burner.wait()
     assert ran.returncode == 0, ran.stdout[-4000:]
