@@ -4,7 +4,9 @@ Narrow subclasses live next to the code that raises them. Exit codes (README, "E
 0 ok, 1 failure (the cluster did not answer, a record was not delivered, ...), 2 usage or
 configuration (a bad option, an unreadable or invalid --kafka-config, a port in use, ...). The
 commands that answer a question add documented codes of their own, named below. Only the
-command line prints and exits; the library raises, and `exit_code` maps the error.
+command line prints and exits; the library raises, and `exit_code` maps the error: only the
+project's own usage errors (`UsageError`) are 2, so an internal bug never reads as the user's
+mistake.
 """
 
 EXIT_OK = 0
@@ -37,4 +39,4 @@ def exit_code(exc: BaseException) -> int:
     own = getattr(exc, "EXIT_CODE", None)
     if isinstance(own, int):
         return own
-    return EXIT_USAGE if isinstance(exc, UsageError | ValueError) else EXIT_FAILURE
+    return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILURE

@@ -28,7 +28,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, ConfigError
 from codeclog.kafka.access import (
     authorization_error,
     hidden_topic_hint,
@@ -59,7 +59,7 @@ class PublishError(CodeclogError):
     """Base of the publisher errors."""
 
 
-class PublisherConfigError(PublishError, ValueError):
+class PublisherConfigError(PublishError, ConfigError, ValueError):
     """The publisher configuration is invalid or contradicts its guarantees."""
 
 

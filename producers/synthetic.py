@@ -23,14 +23,14 @@ import heapq
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from codeclog.errors import CodeclogError
+from codeclog.errors import ConfigError
 from codeclog.producers.windowing import StepInput
 from codeclog.schemas.records import CODEC_VOCAB, FRAME_SECONDS
 
 FRAMES_PER_SECOND = 25
 
 
-class SyntheticConfigError(CodeclogError, ValueError):
+class SyntheticConfigError(ConfigError, ValueError):
     """Invalid synthetic talker settings."""
 
 

@@ -28,7 +28,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from codeclog.errors import CodeclogError
+from codeclog.errors import CodeclogError, ConfigError
 from codeclog.schemas.records import CODEC_VOCAB, SILENCE_CODE, CodecChunk
 
 MIN_STREAM_BODY_FRAMES = 5  # upstream _MINICPMO45_MIN_STREAM_BODY_FRAMES
@@ -39,7 +39,7 @@ class WindowingError(CodeclogError):
     """Base of the windowing errors."""
 
 
-class WindowingConfigError(WindowingError, ValueError):
+class WindowingConfigError(WindowingError, ConfigError, ValueError):
     """Invalid windowing configuration (the upstream raises ValueError for the same values)."""
 
 
