@@ -172,7 +172,11 @@ def test_a_replaced_code2wav_receiver_hands_out_every_unfinished_request_from_ch
     after = _handed(tmp_path, "b")
     marked = _marked(bootstrap, topic, f"{group}-replica0", first)
     ended = {rid for rid, items in before.items() if items[-1]["finished"]}
-    assert marked <= ended  # a mark is written once the terminal was handed out, never before
+    # a mark is written once the terminal was handed out, never before; the kill may fall after
+    # a get handed a terminal out (the receiver then marks it) and before the log line of it was
+    # written (stage_procs._logged): at most that one get, the one in progress (seen once in the
+    # 10-run stress of docs/testing.md)
+    assert len(marked - ended) <= 1, marked - ended
     in_flight = set(streams) - marked
     assert len(ended) >= 2 and len(in_flight) >= 8, (ended, in_flight)
     for rid in in_flight:  # handed out again from chunk 0, whole, as undisturbed
