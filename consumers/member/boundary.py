@@ -13,6 +13,8 @@ from codeclog.consumers.member.step_writes import StepWrites
 from codeclog.kafka.calls import StuckCallError
 
 TransactionError = KafkaException | StuckCallError
+# the same, for `except`: a failed transaction call (the one spelling of it)
+TRANSACTION_ERRORS = (KafkaException, StuckCallError)
 
 
 class TransactionBoundary(Protocol):

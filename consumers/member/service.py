@@ -20,7 +20,11 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from codeclog.consumers.member.boundary import TransactionBoundary, TransactionError
+from codeclog.consumers.member.boundary import (
+    TRANSACTION_ERRORS,
+    TransactionBoundary,
+    TransactionError,
+)
 from codeclog.consumers.member.config import VocodeConfig
 from codeclog.consumers.member.intake import Intake
 from codeclog.consumers.member.live import LiveWriter
@@ -175,7 +179,7 @@ class VocoderService:
         log.info("open streams: %s", self.limit.describe())
         try:
             self.transactions.start(self.config.outage_timeout_s, self._stop)
-        except (KafkaException, StuckCallError) as exc:
+        except TRANSACTION_ERRORS as exc:
             if (refused := self.refusals.of(exc)) is not None:
                 raise refused from exc
             raise InfrastructureError(
@@ -241,7 +245,7 @@ class VocoderService:
     def _step(self, records: Sequence[InputRecord]) -> StepOutput:
         try:
             return self._transaction(records)
-        except (KafkaException, StuckCallError) as exc:
+        except TRANSACTION_ERRORS as exc:
             self._recover_from(exc)
             return StepOutput()
 
@@ -255,12 +259,12 @@ class VocoderService:
             self.tally.void_step()
             try:
                 self.transactions.await_commit()
-            except (KafkaException, StuckCallError) as exc:  # the one rebuild below
+            except TRANSACTION_ERRORS as exc:  # the one rebuild below
                 self._recover_from(exc)
                 return StepOutput()
             try:
                 self._rewind()
-            except (KafkaException, StuckCallError, ClusterUnavailableError) as exc:
+            except (*TRANSACTION_ERRORS, ClusterUnavailableError) as exc:
                 self._rebuild_after(exc)  # retried until the outage limit, as any rebuild
             return StepOutput()
         out, audio = decoded
@@ -294,7 +298,7 @@ class VocoderService:
         rewinds and shutdown, which all read or hand over committed state)."""
         try:
             self.transactions.await_commit()
-        except (KafkaException, StuckCallError) as exc:
+        except TRANSACTION_ERRORS as exc:
             self._recover_from(exc)
 
     # -- failures -------------------------------------------------------------------------------
@@ -315,7 +319,7 @@ class VocoderService:
                 self.transactions.ensure_producer(self.outage.last_error)
                 self._rewind()
                 return
-            except (KafkaException, StuckCallError, ClusterUnavailableError) as again:
+            except (*TRANSACTION_ERRORS, ClusterUnavailableError) as again:
                 if isinstance(again, StuckCallError):
                     self.transactions.mark_wedged()
                 self.refusals.raise_if_refused(again)

@@ -35,7 +35,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from codeclog.consumers.member.boundary import TransactionError
+from codeclog.consumers.member.boundary import TRANSACTION_ERRORS, TransactionError
 from codeclog.consumers.member.metrics import VocoderMetrics
 from codeclog.consumers.member.producer_config import transactional_producer_config
 from codeclog.consumers.member.step_writes import StepWrites, merged
@@ -180,7 +180,7 @@ class Transactions:
         bound = self.closing_timeout_s or self.kafka_timeout_s
         try:
             self._calls.bounded("flush", lambda: producer.flush(bound), bound)
-        except (KafkaException, StuckCallError) as exc:
+        except TRANSACTION_ERRORS as exc:
             log.warning("producer flush failed: %s", one_line(exc))
             self._calls.give_up(producer)
 
