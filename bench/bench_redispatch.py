@@ -56,7 +56,8 @@ def line(measured: dict[str, object]) -> str:
     return (
         f"replica killed with {measured['in_flight']} requests in flight: "
         f"{measured['finished_moved']} finished on the other, {lost} lost, 0 twice "
-        f"({measured['ended_there']} of them ended there, their finish lost with it); "
+        f"({measured['ended_there']} of them ended there, their finish lost with it; "
+        f"{measured.get('later_turn', 0)} sessions in their second turn); "
         f"first output there {float(str(measured['first_output_s'])):.1f} s after the kill, "
         f"all done {float(str(measured['all_finished_s'])):.1f} s after"
     )

@@ -139,20 +139,32 @@ class OmniServer:
 
         loop.run_until_complete(main())
 
-    def submit(self, request_id: str) -> None:
-        """A chat request asking for audio, streamed (DELTA), as the API server submits it."""
+    def submit(self, request_id: str, *, resumable: bool = False) -> None:
+        """A chat request asking for audio, streamed (DELTA), as the API server submits it;
+        `resumable`: a streaming session's first turn (its later turns: `update`)."""
+        self._box["requests"].sync_q.put(self._message("add_request", request_id, resumable))
+
+    def update(self, request_id: str, *, last: bool = False) -> None:
+        """A streaming session's next turn, as `AsyncOmni` submits it (`streaming_update`);
+        `last`: the session's inputs ended (the update upstream sends after its last turn)."""
+        message = self._message("streaming_update", request_id, not last)
+        self._box["requests"].sync_q.put(message)
+
+    def _message(self, kind: str, request_id: str, resumable: bool) -> Any:
         params = _import("vllm.sampling_params")
-        sampling, kind = params.SamplingParams, params.RequestOutputKind
-        thinker = sampling(max_tokens=8, output_kind=kind.FINAL_ONLY)
-        talker = sampling(max_tokens=4096, output_kind=kind.DELTA)
-        code2wav = sampling(max_tokens=65536, output_kind=kind.DELTA)
+        sampling, output_kind = params.SamplingParams, params.RequestOutputKind
+        thinker = sampling(max_tokens=8, output_kind=output_kind.FINAL_ONLY)
+        talker = sampling(max_tokens=4096, output_kind=output_kind.DELTA)
+        code2wav = sampling(max_tokens=65536, output_kind=output_kind.DELTA)
         prompt = {"prompt_token_ids": [1, 2, 3]}
         orchestrator = _import("vllm_omni.engine.orchestrator")
-        first = orchestrator.build_engine_core_request_from_tokens(request_id, prompt, thinker)
+        first = orchestrator.build_engine_core_request_from_tokens(
+            request_id, prompt, thinker, resumable=resumable
+        )
         first.external_req_id = request_id
         messages = _import("vllm_omni.engine.messages")
-        message = messages.StageSubmissionMessage(
-            type="add_request",
+        return messages.StageSubmissionMessage(
+            type=kind,
             request_id=request_id,
             prompt=first,
             original_prompt=prompt,
@@ -163,7 +175,6 @@ class OmniServer:
             request_timestamp=time.time(),
             enqueue_ts=time.perf_counter(),
         )
-        self._box["requests"].sync_q.put(message)
 
     def finish_upstream(self, request_id: str) -> None:
         """The thinker and the talker are done with the request (their engines' last output)."""

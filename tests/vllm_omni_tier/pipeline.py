@@ -128,6 +128,7 @@ def request(request_id: str, external_id: str, **more: Any) -> Request:
     fields: dict[str, Any] = {
         "status": RequestStatus.WAITING,
         "resumable": False,
+        "segment": 0,
         "prompt_token_ids": [],
         "num_computed_tokens": 0,
         "num_output_placeholders": 0,
@@ -143,55 +144,63 @@ def talk(
     *,
     abort: tuple[str, ...] = (),
     unfinished: tuple[str, ...] = (),
+    turns: Mapping[str, list[int]] | None = None,
     pace_s: float = 0.0,
     on_step: Callable[[int], None] | None = None,
 ) -> None:
     """The talker's engine loop: one codec id per request per step, interleaved, then the EOS
     step (the request finished, or aborted for those in `abort`; none for those in `unfinished`,
     as from a talker that stopped), each step through save_async;
+    `turns`: a resumable request's (vllm-omni's /v1/realtime sessions) segment lengths, all but
+    its last: each segment under a new internal request of the same external id, ended by a
+    segment finish (its own step), so the processor opens a new cache epoch for each;
     `pace_s` between steps (a talker generating in real time, not all at once), `on_step`
     called with the number of steps done after each."""
+    scripts = {rid: _script(ids, (turns or {}).get(rid, [])) for rid, ids in streams.items()}
     requests = {rid: request(f"talker-{rid}", rid) for rid in streams}
-    for step in range(max(len(ids) for ids in streams.values()) + 1):
+    for step in range(max(len(script) for script in scripts.values())):
         if pace_s:
             time.sleep(pace_s)
-        for rid, ids in streams.items():
-            req = requests[rid]
-            if step > len(ids) or (step == len(ids) and rid in unfinished):
+        for rid, script in scripts.items():
+            if step >= len(script) or (step == len(script) - 1 and rid in unfinished):
                 continue
-            if step == len(ids):
+            segment, event = script[step]
+            req = requests[rid]
+            if req.segment != segment:  # the session's next turn: a new internal request
+                req = requests[rid] = request(f"talker-{rid}-{segment}", rid)
+            req.segment, req.resumable = segment, segment < len((turns or {}).get(rid, []))
+            if event == "end":
                 aborted = rid in abort
                 req.status = (
                     RequestStatus.FINISHED_ABORTED if aborted else RequestStatus.FINISHED_STOPPED
                 )
-                delta: list[int] = []
-            else:
-                delta = [ids[step]]
             req.num_computed_tokens += 1
+            delta = [event] if isinstance(event, int) else []
             output = {"codes.audio": torch.tensor(delta, dtype=torch.long)}
-            adapter.save_async(multimodal_output=output, request=req)
+            adapter.save_async(
+                multimodal_output=output, request=req, is_segment_finished=event == "segment"
+            )
         if on_step is not None:
             on_step(step + 1)
+
+
+def _script(ids: list[int], cuts: list[int]) -> list[tuple[int, int | str]]:
+    """A request's talker steps: (its segment, a codec id | "segment" | "end")."""
+    script: list[tuple[int, int | str]] = []
+    start = 0
+    for segment, length in enumerate([*cuts, len(ids) - sum(cuts)]):
+        script += [(segment, code) for code in ids[start : start + length]]
+        script.append((segment, "segment" if segment < len(cuts) else "end"))
+        start += length
+    return script
 
 
 def talk_segments(
     adapter: OmniChunkTransferAdapter, external_id: str, segments: list[list[int]]
 ) -> None:
-    """A resumable request (vllm-omni's /v1/realtime sessions): each segment under a new internal
-    request of the same external id, ended by a segment finish; the last one by the request's
-    finish. The processor opens a new cache epoch for each internal request."""
-    for index, ids in enumerate(segments):
-        last = index == len(segments) - 1
-        req = request(f"talker-{external_id}-{index}", external_id, resumable=not last)
-        for step in range(len(ids) + 1):
-            ending = step == len(ids)
-            if ending and last:
-                req.status = RequestStatus.FINISHED_STOPPED
-            req.num_computed_tokens += 1
-            output = {"codes.audio": torch.tensor([] if ending else [ids[step]], dtype=torch.long)}
-            adapter.save_async(
-                multimodal_output=output, request=req, is_segment_finished=ending and not last
-            )
+    """A resumable request of `segments` (`talk`'s `turns`), alone."""
+    ids = [code for segment in segments for code in segment]
+    talk(adapter, {external_id: ids}, turns={external_id: [len(s) for s in segments[:-1]]})
 
 
 def wait_sent(adapter: OmniChunkTransferAdapter, timeout_s: float = 60.0) -> None:
@@ -232,11 +241,17 @@ class Code2Wav:
         self.chunks: dict[str, list[dict[str, Any]]] = {}  # external id -> what each step got
         self.finished: list[str] = []
         self.failed: list[str] = []  # external ids ended as FINISHED_ERROR
+        self.segment_ends: dict[str, int] = {}  # external id -> segments ended
 
     def add(self, external_id: str) -> None:
+        """Admit a request; one admitted already (a session's next turn, submitted again by
+        the orchestrator's prewarm) goes on as it was."""
         req = request(f"code2wav-{external_id}", external_id)
+        if req.request_id in self.requests:
+            return
         self.requests[req.request_id] = req
         self.chunks[external_id] = []
+        self.segment_ends[external_id] = 0
         self.waiting.add_request(req)
 
     def step(self) -> None:
@@ -248,14 +263,22 @@ class Code2Wav:
             if req.request_id in adapter.requests_with_ready_chunks:
                 scheduled.append(req)
                 self.chunks[req.external_req_id].append(_seen(req))
-            elif adapter.is_done_receiving_chunks(req.request_id):
+            elif req.request_id in adapter.upstream_exhausted_requests:
                 self._finish(req)
+            elif adapter.is_done_receiving_chunks(req.request_id):  # a segment's end
+                self._end_segment(req)
         output = SimpleNamespace(
             scheduled_new_reqs=[SimpleNamespace(req_id=r.request_id) for r in scheduled],
             scheduled_cached_reqs=SimpleNamespace(req_ids=[], additional_information={}),
         )
         adapter.postprocess_scheduler_output(output, self.requests)
         adapter.restore_queues(self.waiting, self.running, self.requests)
+
+    def _end_segment(self, req: Any) -> None:
+        """A resumable request's segment ended: its receiver goes on to the next, as vllm-omni's
+        duplex scheduler resumes it without an update (`_resume_downstream_chunk_receiver`)."""
+        self.adapter.segment_finished_requests.discard(req.request_id)
+        self.segment_ends[req.external_req_id] += 1
 
     def _finish(self, req: Any) -> None:
         self.finish_requests({req.request_id}, RequestStatus.FINISHED_STOPPED)
@@ -313,7 +336,10 @@ def unique_streams(lengths: Mapping[str, int]) -> dict[str, list[int]]:
 
 
 def run_edge(
-    deploy: dict[str, Any], streams: Mapping[str, list[int]], abort: tuple[str, ...] = ()
+    deploy: dict[str, Any],
+    streams: Mapping[str, list[int]],
+    abort: tuple[str, ...] = (),
+    turns: Mapping[str, list[int]] | None = None,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
     """Talker and Code2Wav adapters on one deploy config: what each Code2Wav request got, and
     the receiving connector's health."""
@@ -322,7 +348,7 @@ def run_edge(
     try:
         for rid in streams:
             code2wav.add(rid)
-        talk(talker, streams, abort=abort)
+        talk(talker, streams, abort=abort, turns=turns)
         wait_sent(talker)
         code2wav.run()
         health = code2wav.adapter.connector.health()

@@ -4,8 +4,9 @@ replica process of stage_procs.py (the real chunk adapter and connector, the Cod
 scheduler loop as the adapter sees it).
 
 Each Code2Wav step of a request becomes one engine output whose waveform is the codes the step
-got (as floats: the orchestrator's audio output then carries them); a request's end, its
-finish (STOP) or failure (ERROR, the reason as stop_reason). When the process is gone, the
+got (as floats: the orchestrator's audio output then carries them); a resumable request's
+segment end, a STOP marked `is_segment_finished`; a request's end, its finish (STOP) or
+failure (ERROR, the reason as stop_reason). When the process is gone, the
 client raises vLLM's `EngineDeadError`, as the engine core client of a dead engine does, and
 the orchestrator handles the dead replica.
 """
@@ -45,7 +46,8 @@ class ReplicaClient(StageClientBase):
         self.engine_input_source = [stage_id - 1]
         self.default_sampling_params = None
         self.name = name
-        self.added: list[str] = []
+        self.added: list[str] = []  # in order, each time (a session's later turns again)
+        self.segment_ends: list[str] = []  # request ids, one per segment the process ended
         self.lines = 0  # lines read from the process
         # requests whose end the process held back (`withhold_ends` in the spec): ended at its
         # adapter, their finish never reached the orchestrator
@@ -117,6 +119,8 @@ class ReplicaClient(StageClientBase):
                     elif item.get("withheld"):
                         self.withheld.append(item["rid"])
                     else:
+                        if "segment_end" in item:
+                            self.segment_ends.append(item["rid"])
                         self._queue.put(_output(item))
 
 
@@ -128,6 +132,13 @@ def _output(item: dict[str, Any]) -> Any:
             new_token_ids=[],
             finish_reason=FinishReason.ERROR,
             stop_reason=item.get("reason") or "failed",
+        )
+    if "segment_end" in item:  # a resumable request's segment: not its end
+        return OmniEngineCoreOutput(
+            request_id=rid,
+            new_token_ids=[0],
+            finish_reason=FinishReason.STOP,
+            is_segment_finished=True,
         )
     if item.get("end") == "finished":
         return OmniEngineCoreOutput(

@@ -16,13 +16,15 @@ false in the spec, or the file was read), it writes `NAME.done`.
 orchestrator (replica_client.py is its stage client there): it adds the requests named on its
 standard input (`add RID`, `abort RID`), and writes to file descriptor FD one JSON line per
 Code2Wav step of a request, once its receiver took its group over (first `{"ready": true}`)
-(`{"rid", "seen"}`: what the step got) and one when a request ends
+(`{"rid", "seen"}`: what the step got), one when a segment of a resumable request ends
+(`{"rid", "segment_end"}`), and one when a request ends
 (`{"rid", "end": "finished" | "failed", "reason"}`), each written as it happens; the first
 `withhold_ends[NAME]` finishes are held back (`{"rid", "withheld"}`: ended at the adapter, the
 finish lagging in the engine's output when the process dies).
 
 SPEC is a JSON file: bootstrap, topic, out (a folder), streams ({request id: codec ids}),
-pace_s, extra (more connector config), withhold_ends ({replica name: count}).
+turns ({request id: segment lengths}: resumable requests, pipeline.talk), pace_s, extra (more
+connector config), withhold_ends ({replica name: count}).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def talker(spec: dict[str, Any]) -> None:
     edge.talk(
         adapter,
         spec["streams"],
+        turns=spec.get("turns"),
         pace_s=spec["pace_s"],
         on_step=lambda steps: _replace(progress, str(steps)),
     )
@@ -135,6 +138,7 @@ def replica(spec: dict[str, Any], name: str, replica_id: int, fd: int) -> None:
     commands: queue.Queue[str] = queue.Queue()
     threading.Thread(target=_read_commands, args=(commands,), daemon=True).start()
     written: dict[str, int] = {}
+    segments: dict[str, int] = {}  # segment ends written, per request
     ended: set[str] = set()
     withhold = int(spec.get("withhold_ends", {}).get(name, 0))
     with os.fdopen(fd, "w", buffering=1) as out:
@@ -146,14 +150,16 @@ def replica(spec: dict[str, Any], name: str, replica_id: int, fd: int) -> None:
                 if verb == "quit":
                     stage.adapter.shutdown()
                     return
-                if verb == "add":
+                if verb == "add":  # a request added already: a session's next turn
                     stage.add(rid)
-                    written[rid] = 0
             stage.step()
             for rid, seen in stage.chunks.items():
                 for item in seen[written.get(rid, 0) :]:
                     out.write(json.dumps({"rid": rid, "seen": item}) + "\n")
                 written[rid] = len(seen)
+                for segment in range(segments.get(rid, 0), stage.segment_ends[rid]):
+                    out.write(json.dumps({"rid": rid, "segment_end": segment}) + "\n")
+                segments[rid] = stage.segment_ends[rid]
             ends = [(rid, "finished") for rid in stage.finished]
             ends += [(rid, "failed") for rid in stage.failed]
             for rid, how in ends:
