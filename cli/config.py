@@ -67,8 +67,10 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_bootstrap(args: argparse.Namespace, from_file: str | None = None) -> str:
-    """The bootstrap address (module docstring: first match wins). `from_file` is the
-    `bootstrap.servers` of the --kafka-config file, if it has one."""
+    """The bootstrap address, first match wins: --bootstrap, `from_file` (the
+    `bootstrap.servers` of the --kafka-config file, if it has one), $CODECLOG_BOOTSTRAP, the
+    local broker of --data-dir (README, "Topics and configuration"). When a later source is set
+    too and differs, one line on stderr says which was used."""
     sources = [
         ("--bootstrap", getattr(args, "bootstrap", None)),
         (f"bootstrap.servers in {getattr(args, 'kafka_config', None)}", from_file),

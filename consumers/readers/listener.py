@@ -108,7 +108,12 @@ class AudioListener:
         )
 
     def start(self) -> None:
-        """Find where to read from (see the module doc) and assign the partitions."""
+        """Find where to read from and assign the partitions. By default one scan of each
+        partition up to its current end records, per request, the newest epoch and the offset
+        where its records begin, and reading starts there, so a listener started mid-stream
+        catches up from the start of each request's current epoch (older epochs are skipped);
+        `StartMode.BEGINNING` delivers every epoch on the log, `StartMode.END` only what is
+        written after the start."""
         if self._consumer is not None:
             return
         consumer = self._factory(self._config())
