@@ -1,11 +1,5 @@
 """The `codeclog` command: one entry point, one module per subcommand.
-
-Each module listed in COMMANDS exposes `register(subparsers)`, which adds its parser and sets
-`func` (a callable taking the parsed namespace and returning an exit code). A command with
-actions (`topics create`) stores the action in `<command>_action`, so that an error names it.
-Modules are imported when the CLI starts, so they must not import torch at module level:
-`codeclog --help` has to work on a box without the vocoder extra.
-"""
+How a command is added: docs/cli.md, "Adding a command"."""
 
 from __future__ import annotations
 

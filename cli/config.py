@@ -1,20 +1,5 @@
 """Configuration shared by every command: where the cluster is, client properties, topic names.
-
-Resolution of the bootstrap address, first match wins (the more explicit source wins; when a
-later source is set too and differs, one line on stderr says which was used):
-1. `--bootstrap HOST:PORT`;
-2. `bootstrap.servers` in the `--kafka-config` file;
-3. the environment variable `CODECLOG_BOOTSTRAP`;
-4. the local broker started by `codeclog broker start` for `--data-dir` (default: under the
-   user's cache dir), read from its state file.
-
-`--kafka-config FILE` adds librdkafka properties (one `key=value` per line, `#` comments), so
-users can set `security.protocol`, `sasl.*` and `ssl.*` for their own clusters. The file is
-checked by librdkafka itself before anything connects: an unknown property or a bad value is
-a ConfigError (one line, exit 2). Then one metadata request probes the credentials and TLS
-(codeclog.kafka.access): a refused login or certificate is one line and exit 2 as well.
-`--topics-config FILE` (JSON) renames topics and sets partition counts; unknown keys are refused.
-"""
+Resolution and checks: README, "Topics and configuration"."""
 
 from __future__ import annotations
 
@@ -82,8 +67,10 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_bootstrap(args: argparse.Namespace, from_file: str | None = None) -> str:
-    """The bootstrap address (module docstring: first match wins). `from_file` is the
-    `bootstrap.servers` of the --kafka-config file, if it has one."""
+    """The bootstrap address, first match wins: --bootstrap, `from_file` (the
+    `bootstrap.servers` of the --kafka-config file, if it has one), $CODECLOG_BOOTSTRAP, the
+    local broker of --data-dir (README, "Topics and configuration"). When a later source is set
+    too and differs, one line on stderr says which was used."""
     sources = [
         ("--bootstrap", getattr(args, "bootstrap", None)),
         (f"bootstrap.servers in {getattr(args, 'kafka_config', None)}", from_file),

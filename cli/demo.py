@@ -1,13 +1,5 @@
 """The end-to-end demo: local broker, topics, live duplex sessions, the Code2Wav consumer, lag.
-
-It runs the real parts only: a Kafka broker started from the cached jars, the synthetic talker
-publishing in real time, `codeclog vocode` as a separate process (the tiny vocoder on CPU by
-default; a real checkpoint when CODECLOG_TOKEN2WAV_DIR is set; the GPU when present), the lag
-monitor sampling every second, and at the end `verify` (exactly once, byte-identical).
-Outputs in --out: one WAV per request, summary.json, latency_lag.png, vocode.log, and the
-capture of the chunk topic (chunks.ocf) with its incident report (report.html, `codeclog
-report`).
-"""
+What it runs and writes: docs/cli.md, "The demo"."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Standard output that cannot be written, handled once for every command.
-
-While a command runs, `sys.stdout` (and its binary `buffer`) is a thin guard: an OSError from
-writing or flushing it becomes `StdoutError`, so the entry point can tell it from an error on
-any other file. The reader leaving (`codeclog broker net | head -1`: EPIPE) stops the command
-quietly, as SIGPIPE stops the Unix tools: exit 141 (128 + SIGPIPE, as a shell reports them),
-or the command's own exit code when it had already finished and only its last buffered lines
-were refused (`codeclog diff a b | head -1` still tells whether they differ). Any other error
-(a full disk, `> /dev/full`: ENOSPC; EIO) is one line and exit 1. Either way standard output is
-then pointed at /dev/null, so the interpreter's last flush of what is still buffered cannot
-fail again on the way out (it would print "Exception ignored ..." and exit 120).
-"""
+"""Standard output that cannot be written, handled once for every command (README, "Exit codes")."""
 
 from __future__ import annotations
 
@@ -32,7 +21,9 @@ class StdoutError(Exception):
 
 
 class _Guarded:
-    """A stream whose write and flush errors are StdoutErrors; everything else is the stream's."""
+    """A stream whose write and flush errors are StdoutErrors; everything else is the stream's.
+    While a command runs, `sys.stdout` (and its binary `buffer`) is one, so the entry point can
+    tell an error of standard output from an error on any other file."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
@@ -75,7 +66,15 @@ def guarded_stdout() -> Iterator[_Guarded]:
 
 def stdout_failed(failure: StdoutError, command: str, finished: int | None) -> int:
     """The exit code for a standard output that failed, after saying why (unless the reader
-    simply left); `finished` is the command's own code if it had finished."""
+    simply left); `finished` is the command's own code if it had finished.
+
+    The reader leaving (`codeclog broker net | head -1`: EPIPE) stops the command quietly, as
+    SIGPIPE stops the Unix tools: exit 141 (128 + SIGPIPE, as a shell reports them), or the
+    command's own exit code when it had already finished and only its last buffered lines were
+    refused (`codeclog diff a b | head -1` still tells whether they differ). Any other error (a
+    full disk, `> /dev/full`: ENOSPC; EIO) is one line and exit 1. Either way standard output is
+    then pointed at /dev/null, so the interpreter's last flush of what is still buffered cannot
+    fail again on the way out (it would print "Exception ignored ..." and exit 120)."""
     _point_stdout_at_devnull()
     if failure.error.errno == errno.EPIPE:
         return EXIT_BROKEN_PIPE if finished is None else finished

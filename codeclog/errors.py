@@ -1,13 +1,5 @@
 """The one exception base of codeclog, and every exit code of every command, defined here once.
-
-Narrow subclasses live next to the code that raises them. Exit codes (README, "Exit codes"):
-0 ok, 1 failure (the cluster did not answer, a record was not delivered, ...), 2 usage or
-configuration (a bad option, an unreadable or invalid --kafka-config, a port in use, ...). The
-commands that answer a question add documented codes of their own, named below. Only the
-command line prints and exits; the library raises, and `exit_code` maps the error: only the
-project's own usage errors (`UsageError`) are 2, so an internal bug never reads as the user's
-mistake.
-"""
+Reasons: README, "Exit codes"."""
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -1,8 +1,5 @@
-"""Typed reads of JSON that codeclog or a user wrote (a scenario line, a checkpoint's fold state,
-a topics config, a state file): each returns the value it checked or raises `JsonValueError`
-(a ValueError) whose message says what was expected and what was there, so every reader words
-the same mistake the same way and its caller only adds where it was.
-"""
+"""Typed reads of JSON that codeclog or a user wrote: each returns the value it checked or raises
+`JsonValueError` (a ValueError) saying what was expected and what was there. README "Exit codes"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """A member's heap in at most MEMBER_ARENAS glibc malloc arenas (torch- and Kafka-free).
-
-glibc gives each thread that allocates an arena of its own, up to 8 per core. A member's threads
-(the decode thread running torch, the polling and transaction threads, librdkafka's) free
-memory into their own arenas, and an arena keeps what was freed between blocks still in use.
-One member under the soak's load, the same 145 MB in use: resident about 935 MB with 250-316 MB
-of it freed but held, against about 700 MB with 43-70 MB held in two arenas (BENCHMARKS.md,
-"Where the members' memory went").
-"""
+Reasons: docs/operating.md, "Memory and bounds"."""
 
 from __future__ import annotations
 

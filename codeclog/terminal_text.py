@@ -1,12 +1,5 @@
-"""Text that came from an input (a request id, a file name) shown on a terminal: characters a
-terminal would act on or that cannot be written as UTF-8 are shown escaped, never sent raw.
-
-A request id such as `"\\x1b]0;owned\\x07"` would otherwise retitle the window, clear the screen
-or hide the rest of a line; a file name that is not UTF-8 (bytes Python keeps as lone
-surrogates) would make the write itself fail. Escaped: control characters (C0, DEL, C1),
-lone surrogates (the bytes they stand for, as `\\xff`), line and paragraph separators and the
-bidirectional overrides that reorder what follows them. Everything else is kept as it is.
-"""
+"""Text from an input (a request id, a file name) shown on a terminal, what a terminal would act on
+or cannot write escaped. Reasons: docs/security.md, "Text from the input on a terminal"."""
 
 from __future__ import annotations
 

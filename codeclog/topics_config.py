@@ -1,8 +1,5 @@
 """The log's layout: codeclog's topic names and partition counts (`--topics-config`).
-
-Below every package that reads or writes the topics (consumers, lag, replay, the CLI), so none
-of them has to import the CLI's configuration module to know where the records are.
-"""
+Reasons: README, "Architecture"."""
 
 from __future__ import annotations
 

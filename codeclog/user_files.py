@@ -1,11 +1,5 @@
-"""Files and folders the user names (`--kafka-config`, `--out`, a replay input, ...): failing to
-read, write or create one is the user's to fix, so it is one line naming the path and what is
-wrong, and exit 2 (README, "Exit codes"), never a traceback and never exit 1.
-
-Every command reads and writes such paths through these functions, so the wording is the same
-everywhere: `cannot <verb> <what> <path>: <reason>`, e.g.
-`cannot create --out folder /proc/x/y: no such file or directory (/proc/x)`.
-"""
+"""Files and folders the user names (`--kafka-config`, `--out`, a replay input, ...), read and
+written with one-line errors and exit 2. Reasons: README, "Exit codes"."""
 
 from __future__ import annotations
 

@@ -1,21 +1,5 @@
 """An independent audit of the audio and dead-letter topics: the .avsc files, confluent-kafka and
-fastavro only, none of the pipeline's code (no `schemas.wire`, no `consumers`).
-
-It reads every committed record (read_committed) of the audio topic and checks, per
-(request, epoch):
-
-- every window index appears exactly once (`duplicated` lists the others);
-- the window indices are 0..n-1 and the sample offsets follow each other (`gaps`);
-- each window's PCM hashes to the SHA-256 it carries (`corrupt`);
-
-and counts the dead letters. `windows` maps (request, epoch, index) to the SHA-256, so a caller
-can compare it with another source (verify's replay, a second run).
-
-    python -m codeclog.devtools.audit --bootstrap 127.0.0.1:9092 --audio codec.audio --dlq codec.dlq
-
-It stays independent of the pipeline (pyproject.toml's import-linter contract "The audit
-reads the outputs with the .avsc files only"): it imports nothing of codeclog.
-"""
+fastavro only, none of the pipeline's code (no `schemas.wire`, no `consumers`)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
 """A real single-node Kafka 4.3 (KRaft, broker+controller in one JVM) on 127.0.0.1, per data dir.
-
-Layout of a data dir:
-  server.properties   written at every start (ports may change between starts)
-  kafka/              Kafka's log dir, formatted once (meta.properties holds the cluster id)
-  broker.log          the JVM's stdout and stderr, appended; one banner line per start
-  broker.json         state of the running broker (pid, ports, bootstrap, ...); removed on stop
-  .broker.lock        serialises start and stop of this data dir
-
-The JVM runs detached (own session), so `codeclog broker start` returns while it keeps running.
-Ready means: the PLAINTEXT port accepts TCP (Kafka opens it only once the broker is unfenced)
-AND a metadata request through confluent-kafka lists this broker.
-
-What the broker is made of lives beside it in codeclog.devtools: its errors (`broker_errors`),
-its ports and server.properties (`broker_config`), the JVM's java, command lines and log
-(`jvm`), and this host's ports, processes and locks (`host`).
-"""
+Its data dir and readiness: docs/local-kafka.md, "Local broker"."""
 
 from __future__ import annotations
 

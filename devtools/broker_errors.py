@@ -1,8 +1,6 @@
-"""What goes wrong with a local Kafka broker or a local cluster of them: one class per failure.
-
-Every class is a BrokerError (a CodeclogError: one line and exit 1 from the CLI); those that are
-also a UsageError are a bad option (exit 2).
-"""
+"""What goes wrong with a local Kafka broker or a local cluster of them: one class per failure, each
+a BrokerError (a CodeclogError: one line and exit 1 from the CLI), also a UsageError when it is
+a bad option (exit 2)."""
 
 from __future__ import annotations
 

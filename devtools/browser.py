@@ -1,11 +1,5 @@
-"""A headless Chromium driven over the DevTools protocol: the report's browser tests and its
-benchmark (bench/bench_report.py) open pages with it.
-
-The browser is Debian's `chromium` (scripts/bootstrap.sh installs it); the protocol runs over a
-pipe (`--remote-debugging-pipe`: file descriptors 3 and 4, one JSON message per NUL-terminated
-frame), so no WebSocket client and no Python package is needed. Console errors, uncaught
-exceptions, failed loads and every network request a page makes are collected.
-"""
+"""A headless Chromium driven over the DevTools protocol on a pipe, for the report's browser tests
+and its benchmark (docs/report.md, "Tests")."""
 
 from __future__ import annotations
 

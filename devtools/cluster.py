@@ -1,28 +1,5 @@
 """A real local Kafka cluster: N KRaft nodes (broker+controller each) on 127.0.0.1, one JVM each.
-
-Layout of a cluster data dir:
-  cluster.json      node count, cluster id and every node's two ports (fixed: they are the
-                    static controller quorum, `controller.quorum.voters`)
-  node-1/ node-2/ … one LocalBroker-style data dir per node (server.properties, kafka/,
-                    broker.log, broker.json)
-  .cluster.lock     serialises start, stop and the fault actions
-
-Every node is a controller voter, so three nodes tolerate one node down (quorum 2 of 3). The
-internal topics and the topic defaults use replication factor min(N, 3) and min.insync.replicas
-2 (1 below three nodes); unclean leader election is off. All nodes are spawned before any is
-awaited: a single node cannot become ready without a controller quorum.
-
-Secured (`BrokerSettings.security="scram"`): every node serves as the secured single broker
-does (codeclog.devtools.security), from one set of material in `<data-dir>/security/` (one
-CA, one broker key whose SAN 127.0.0.1 fits every node, one set of SCRAM users formatted into
-every node); the role files name every node.
-
-`kill`, `pause` and `resume` send SIGKILL, SIGSTOP and SIGCONT to one node's JVM (fault drills);
-`restart` stops it (SIGTERM) if it runs and starts it again with the same ports and data.
-
-Beside it in codeclog.devtools: what cluster.json holds and each node's server.properties
-(`cluster_layout`), one node and the phased start and joint stop of several (`cluster_nodes`).
-"""
+Its data dir, quorum and faults: docs/local-kafka.md, "Local cluster (three nodes)"."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """The nodes of a local cluster: one node (a LocalBroker whose id, ports, properties and cluster
 id come from the cluster's layout), the phased start of several and their joint stop.
-
-A start spawns every node before it awaits any: a single node cannot become ready without a
-controller quorum. A stop SIGTERMs every node at once, so the quorum lives while they shut down.
-"""
+Reasons: docs/local-kafka.md, "Local cluster (three nodes)"."""
 
 from __future__ import annotations
 

@@ -1,37 +1,5 @@
-"""An independent history checker for exactly-once audio under faults, in Jepsen's terms.
-
-Like codeclog.devtools.audit it uses none of the pipeline's code: the .avsc files, confluent-kafka
-and fastavro (through the audit's decoder), and Kafka's record-batch format v2 read straight from a
-local cluster's log segments (codeclog.devtools.log_segments). It reads the chunk topic, the audio
-and dead-letter topics both read_committed and read_uncommitted, the group's committed offsets, and,
-given the nodes' log dirs, every transactional batch's fate (the COMMIT or ABORT marker that ended
-it) from the log of each partition's leader, once that log holds the partition's high watermark
-(asked of the leader after the records were read): a follower that was down may lack a marker the
-leader has, and its log would make a committed transaction look open. `History.logs` says which
-node's log was read for each partition and where it ended. It reports:
-
-- lost: a chunk with codec ids below the group's committed offset that no committed window lists
-  among its chunk_seqs and no committed dead letter accounts for (its own, or one that ended its
-  epoch: evicted, aborted, vocoder_failed). The model is the fold contract's invariant for clean
-  input: every frame accepted is decoded exactly once;
-- duplicated: a window (request, epoch, index) committed twice, or a chunk listed by two
-  committed windows;
-- aborted_read: a record a read_committed reader returns whose batch the log says was aborted
-  (or is still open);
-- torn: part of a step committed without the rest: a request's latest committed checkpoint says
-  its open stream emitted n windows, but the committed windows of that epoch are not 0..n-1
-  (audio without its checkpoint, or a checkpoint without its audio);
-- out_of_order: a stream's committed windows whose log order, or sample offsets, disagree with
-  their window indices;
-- undecodable: a record the .avsc files cannot decode (topic, partition, offset, why): any
-  output record, or a chunk no committed dead letter accounts for (a chunk the pipeline
-  dead-lettered is its refusal, not an anomaly);
-- incomplete_log: a partition whose log, read to its end, stops below the high watermark (or
-  no leader's log could be read): the fates past its end are unknown, and none is guessed.
-
-`check(history)` is a pure function of a History (unit-tested on hand-made ones);
-`read_history` fills one from a cluster; it never raises on a record it cannot decode.
-"""
+"""An independent history checker for exactly-once audio under faults, in Jepsen's terms, using
+none of the pipeline's code. Its reads and findings: docs/local-kafka.md, "Network faults"."""
 
 from __future__ import annotations
 

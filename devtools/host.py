@@ -1,9 +1,6 @@
-"""This host as the local Kafka tools use it: ports on 127.0.0.1, processes and their signals,
-an exclusive lock on a file, a file replaced in one step.
-
-Nothing here knows Kafka's protocol; `pid_runs_broker` only recognises a Kafka JVM's command
-line (`kafka.Kafka` and its server.properties).
-"""
+"""This host as the local Kafka tools use it: ports on 127.0.0.1, processes and their signals, an
+exclusive lock on a file, a file replaced in one step. Nothing here knows Kafka's protocol
+(`pid_runs_broker` only recognises a Kafka JVM's command line and its server.properties)."""
 
 from __future__ import annotations
 

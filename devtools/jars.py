@@ -1,9 +1,5 @@
 """The Kafka broker's jars: fetched once from Maven Central into a cache dir outside git.
-
-The pom in `devtools/kafka_rt/` pins Kafka and its log4j2/SLF4J 1.x binding. Maven's
-dependency plugin copies the runtime classpath into a temp dir that is renamed into place only
-when the copy succeeded, so a half-fetched dir is never used.
-"""
+How: docs/local-kafka.md, "Local broker"."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Kafka's JVMs: the java that runs them (17+), their command lines (the broker, Kafka's storage
-tool that formats a log dir), their log (a banner line per start, rotation, the tail) and the
-line of a failed one's log that names why it failed.
-
-The broker JVM runs detached (its own session), writing stdout and stderr into its log.
-"""
+"""Kafka's JVMs: the java that runs them (17+), their command lines (the broker, the storage tool
+that formats a log dir), their log (a banner per start, rotation, the tail) and the line of a
+failed one's log that names why; the broker JVM runs detached, its stdout and stderr in its log."""
 
 from __future__ import annotations
 

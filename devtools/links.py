@@ -1,31 +1,5 @@
-"""Links that can fail: the traffic of a faultable local cluster runs through Toxiproxy.
-
-`codeclog broker start --nodes 3 --faultable` puts every node's traffic behind a proxy of its
-own, one per link, so that one node's link can be cut or slowed while everything else runs:
-
-- `clients`: what the consumer members, readers and admin tools send to the node (a listener
-  of its own, CLIENTS, advertised at the proxy);
-- `member`: the same for one consumer member that is to be faulted alone (listener MEMBER: give
-  that member this link's bootstrap);
-- `talker`: what the talker (the producer of codec chunks) sends to the node (listener TALKER);
-- `peers`: what the other nodes send to it: replication fetches (listener REPLICATION, the
-  inter-broker listener) and the controller quorum's Raft traffic (CONTROLLER; the static
-  voters name the proxies).
-
-A node advertises the proxies' addresses, so a client that learned the cluster's metadata keeps
-going through them (a client that reached the real port would reconnect around the proxy).
-Cutting a link cuts what flows INTO the node on it; the node's own requests to the others go
-through their links. Faults (Toxiproxy toxics, both directions unless named): `latency` with
-jitter, `down` (a black hole: the connection stays open, nothing passes), `reset` (connections
-reset after a few ms), removed by `heal`. A fault is checked before Toxiproxy sees it (a
-latency Toxiproxy cannot honour is refused) and applied to all of a link's proxies or none:
-on a failure half-way the proxies get back the toxics they had.
-
-Toxiproxy (github.com/Shopify/toxiproxy, version TOXIPROXY_VERSION) is built by
-scripts/bootstrap.sh with `go install` into the cache; `find_server` finds it. The server runs
-beside the nodes for the life of the cluster (`toxiproxy.json` in the cluster's data dir).
-Only loopback addresses are used.
-"""
+"""Links that can fail: the traffic of a faultable local cluster runs through Toxiproxy, one proxy
+per listener of every node. Links, faults and why: docs/local-kafka.md, "Network faults"."""
 
 from __future__ import annotations
 

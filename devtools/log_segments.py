@@ -1,12 +1,6 @@
-"""Each transactional record's fate (commit, abort, open): the COMMIT or ABORT marker that ended
-its batch, read straight from a local cluster's log segments in Kafka's record-batch format v2.
-
-A partition's fates come from its leader's log, once that log holds the partition's high
-watermark (asked of the leader): a follower that was down may lack a marker the leader has, and
-its log would make a committed transaction look open. `LogRead` says which node's log was read
-and where it ended. Part of the history checker (codeclog.devtools.history): like it, none of
-the pipeline's code.
-"""
+"""Each transactional record's fate (commit, abort, open), read straight from a local cluster's log
+segments (record-batch format v2), for the history checker. Why the leader's log, once it holds
+the high watermark: docs/local-kafka.md, "Network faults"."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""vllm-omni's orchestrator, in process, as its API server runs it: the released package's own
-`Orchestrator`, `StagePool`s and `MultimodalOutputProcessor`s on their own event loop thread,
-requests submitted and outputs read through its queues (`engine/messages.py`), each output
-turned into what `AsyncOmni.generate` yields (`OmniRequestOutput.from_stage_output`).
-
-What it cannot reach without a GPU is plain objects, as upstream's own orchestrator tests make
-them (tests/engine/test_orchestrator.py upstream): the thinker and talker stages' engine clients
-(`EchoStage`: each request finishes when the test says), and the stages' vLLM configs. The
-Code2Wav stage's client is the one under test (codeclog's `AudioRelayClient`). The real-package
-tier (tests/vllm_omni_tier/) and `bench.bench_return_path` drive it; vllm and vllm-omni are
-imported when a server is built, so this module imports without them.
-"""
+"""vllm-omni's orchestrator, in process, as its API server runs it, for the real-package tier and
+`bench.bench_return_path`. What is real and what is not: docs/testing.md, "Inside the released
+vllm-omni"."""
 
 from __future__ import annotations
 

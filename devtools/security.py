@@ -1,26 +1,5 @@
 """A secured local broker: SASL_SSL with SCRAM-SHA-512, TLS from a local CA, one user per role.
-
-`codeclog broker start --security scram` keeps everything under `<data-dir>/security/`
-(created once, kept across restarts; mode 0700, files 0600):
-
-  ca.p12, ca.pem           the local certificate authority (keytool; the key never leaves ca.p12)
-  broker.p12               the broker's key and certificate (CN=codeclog-broker, SAN 127.0.0.1)
-  truststore.p12           the CA certificate, for the broker's own TLS connections
-  credentials.json         every SCRAM user's password and the keystore password
-  <role>.properties        librdkafka properties per role (the `--kafka-config` format),
-                           rewritten at every start because the port may change
-
-Users: the super user `admin` (the broker's inter-broker principal; administration: topics,
-ACLs) and one user per role (`ROLES`). They are created at format time
-(`StorageTool format --add-scram`), so they exist before the broker first serves a request.
-
-Listeners: the client listener is SASL_SSL only (no plaintext listener). The KRaft controller
-listener is SSL with client certificates required (mutual TLS: only a holder of the broker's key
-gets in), bound to 127.0.0.1. The StandardAuthorizer runs with
-`allow.everyone.if.no.acl.found=false`: a role can do only what `codeclog acls apply` grants.
-
-Nothing here talks to Kafka; keytool runs as a subprocess.
-"""
+Its files, users and listeners: docs/security.md, "The secured local broker"."""
 
 from __future__ import annotations
 

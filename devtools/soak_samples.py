@@ -1,10 +1,6 @@
-"""What the soak (`python -m bench.soak`) samples, and how: a process's resident size,
-open file descriptors and threads from /proc, a Prometheus page's values, and one sample of the
-whole run (every process, the members' figures, the group's lag).
-
-The readers are pure functions of the text they are given (`parse_status`, `metric_values`,
-`windows_rate`), so the tests feed them text; `sample_process` only reads /proc.
-"""
+"""What the soak (`python -m bench.soak`) samples, and how: a process's resident size, open fds and
+threads from /proc, a Prometheus page's values, and one sample of the whole run (every process,
+the members' figures, the group's lag). Reasons: docs/soak.md, "What it samples"."""
 
 from __future__ import annotations
 

@@ -1,30 +1,5 @@
-"""The soak's judgement: growth fitted over the samples, lag by quarter, the verdict,
-its tables and its last line. Pure functions of the samples (codeclog.devtools.soak_samples).
-
-Verdict (docs/soak.md, "The verdict"):
-
-FAIL   something was lost, written twice or read wrong: the talker's lost records, windows
-       `verify` expected and did not find (or found twice), the audit's duplicates, any finding
-       of the history checker, a dead letter, a listener whose later copy differed, a member
-       that exited on its own, or a fault the harness could not inject.
-DRIFT  nothing wrong yet, but something creeps: over the second half of the run a process's
-       resident size, open fds or threads grow by more than GROWTH_LIMIT_PCT (a Theil-Sen
-       line through the samples, robust to a dip or a spike: its rise over the half, against
-       its value where the half starts; for fds and threads also by at least MIN_COUNT_RISE
-       of them: one reconnect's socket and thread is no leak), or the group's lag p99 in the
-       last quarter is worse than in the second (by more than LAG_CREEP_S or LAG_CREEP_RATIO
-       of it, whichever is larger; lag measured while a fault and the FAULT_SETTLE_S after it
-       run is left out of both).
-OK     neither.
-
-A process whose working set fills by design for longer than half the run (the listeners
-remember ended streams for ten minutes) is fitted only after that. A process restarted during
-the run (a broker node or member a after a fault) is fitted over its last process only, from
-its warm-up after its restart (`restart_warmup_s`: its own warm-up is no leak) or the half,
-whichever is later. A fit needs MIN_FIT_SAMPLES samples over MIN_FIT_SHARE of the half; else
-the process is left out of the verdict, and the table says why. Tooling (Toxiproxy) is
-sampled and shown, never judged: it is no part of a deployment.
-"""
+"""The soak's judgement: growth fitted over the samples, lag by quarter, the verdict, its tables
+and its last line. Pure functions of the samples (docs/soak.md, "The verdict")."""
 
 from __future__ import annotations
 
@@ -236,7 +211,17 @@ class Correctness:
 def verdict(
     correct: Correctness, found: Sequence[Growth], quarters: Sequence[float]
 ) -> tuple[str, list[str]]:
-    """OK, DRIFT or FAIL (module docstring), and the reasons for anything but OK."""
+    """OK, DRIFT or FAIL, and the reasons for anything but OK (docs/soak.md, "The verdict").
+
+    FAIL: something was lost, written twice or read wrong: the talker's lost records, windows
+    `verify` expected and did not find (or found twice), the audit's duplicates, any finding of
+    the history checker, a dead letter, a listener whose later copy differed, a member that
+    exited on its own, or a fault the harness could not inject. DRIFT: nothing wrong yet, but
+    over the second half a process's resident size, open fds or threads grow by more than
+    GROWTH_LIMIT_PCT (`growths`; for fds and threads also by at least MIN_COUNT_RISE of them),
+    or the group's lag p99 in the last quarter is worse than in the second by more than
+    LAG_CREEP_S or LAG_CREEP_RATIO of it, whichever is larger (`lag_creeps`; lag measured while
+    a fault and the FAULT_SETTLE_S after it run is left out of both). OK: neither."""
     reasons = []
     if correct.lost:
         reasons.append(f"{correct.lost} lost")

@@ -1,13 +1,6 @@
-"""Access errors a user can cause: wrong password, unknown user, untrusted certificate,
-plaintext against a TLS listener, a missing ACL. Each becomes one line naming the principal,
-the resource and the operation, raised as a UsageError (exit 2: README, "Exit codes": these are
-configuration errors, fixed in the properties file or the ACLs, not by retrying).
-
-`probe_access` runs one metadata request before a command starts its real clients, because
-librdkafka treats authentication and TLS failures as transient: a producer would retry until
-message.timeout.ms (5 minutes) and a consumer would poll forever. Authorisation failures come
-later, from the requests themselves; `authorization_error` words them.
-"""
+"""Access errors a user can cause (wrong password, unknown user, untrusted certificate, plaintext
+against TLS, a missing ACL), each one line naming principal, resource and operation, exit 2,
+and the one probe that finds them first. Reasons: docs/security.md, "Refusals"."""
 
 from __future__ import annotations
 

@@ -1,29 +1,5 @@
 """Least-privilege ACLs for the codeclog roles, and applying them with the Admin API.
-
-`role_acls` is pure: the one table of who may do what (docs/security.md, "Roles and ACLs").
-`apply_acls` creates the bindings (CreateAcls is idempotent: an existing binding is not
-duplicated) with a principal allowed to alter ACLs (the local broker's super user `admin`).
-
-Why each grant (Kafka's authorisation of each request the clients send):
-* talker: Produce needs WRITE on the topic; Metadata for the topic needs DESCRIBE; the
-  idempotent producer's InitProducerId needs IDEMPOTENT_WRITE on the cluster.
-* vocoder: Fetch needs READ on the chunk topic; JoinGroup/SyncGroup/OffsetFetch and the
-  transactional offset commit (TxnOffsetCommit, send_offsets_to_transaction) need READ on the
-  group; InitProducerId/AddPartitionsToTxn/EndTxn need WRITE (and DESCRIBE) on its
-  transactional id, here a PREFIXED grant on `<group>-` because the id is `<group>-<instance>`;
-  Produce into audio, live, DLQ and progress needs WRITE; recovery reads progress back (READ).
-  Neither its transactional producer nor its live one (idempotent, no transaction) needs
-  IDEMPOTENT_WRITE: WRITE on a topic is enough (Kafka 2.8+, KIP-679).
-* monitor: FindCoordinator and OffsetFetch (its consumer's committed()) and DescribeGroups
-  need DESCRIBE on the group; ListOffsets and Metadata need DESCRIBE on the topic. That is
-  enough for the records lag. Time lag and audio lag read the record at the committed offset
-  (Fetch = READ on the chunk topic, i.e. payloads): granted only with `monitor_reads=True`;
-  without it those two columns are unknown and `codeclog lag` says so.
-* replay (capture, verify, replay, listen): READ on every codeclog topic and on its own groups
-  (`codeclog-capture`, `codeclog-capture-*`, `codeclog-reader`, `codeclog-listener`), DESCRIBE
-  on the vocoder group (verify --group waits for it to drain); WRITE only on topics under
-  `replay_prefix` (default `codec.replay.`), the targets of `replay --to-topic`.
-"""
+Why each grant: docs/security.md, "Roles and ACLs"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """Bounded librdkafka calls and the failures the consumer tells apart.
-
-Every librdkafka call that can wait runs with a timeout; one that has not returned CALL_GRACE_S
-after it is stuck (seen: send_offsets_to_transaction after a broker crash, long past its
-timeout). `bounded` runs such a call on a helper thread, so the waiting thread stays responsive
-(signal handlers run) and a stuck call is abandoned instead of holding the process.
-"""
+Reasons: docs/operating.md, "Liveness bounds"."""
 
 from __future__ import annotations
 
@@ -85,7 +80,9 @@ class StuckCallError(CodeclogError):
 
 def bounded(what: str, call: Callable[[], T], timeout_s: float) -> T:
     """`call()` on a helper thread; StuckCallError if it has not returned within `timeout_s`
-    plus CALL_GRACE_S (the helper is then abandoned, still running)."""
+    plus CALL_GRACE_S (the helper is then abandoned, still running). The waiting thread stays
+    responsive (signal handlers run), and a stuck call is abandoned instead of holding the
+    process."""
     limit = timeout_s + CALL_GRACE_S
     box: list[tuple[bool, Any]] = []
 

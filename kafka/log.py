@@ -1,12 +1,5 @@
-"""librdkafka's own log lines (failed connects, session timeouts, ...) go to one Python logger,
-`codeclog.kafka`, in every Kafka client codeclog builds, never straight to stderr.
-
-Without a `logger` property librdkafka writes `%3|1700000000.000|FAIL|...` lines to file
-descriptor 2 itself, past Python's logging: a command's one-line error drowned in hundreds of
-them, and an embedding process (vLLM) could neither filter nor redirect them. `client_settings`
-is the one place that sets the property; the logger carries a NullHandler, so the lines show
-only where the application configured logging (`codeclog vocode -v` does), as a library should.
-"""
+"""librdkafka's own log lines go to one Python logger, `codeclog.kafka`, in every Kafka client
+codeclog builds, never straight to stderr. Reasons: docs/operating.md, "Liveness bounds"."""
 
 from __future__ import annotations
 

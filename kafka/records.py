@@ -1,8 +1,6 @@
-"""A record as read from Kafka, before anything decodes it: where it sat and its raw bytes.
-
-Plain values (no Kafka client imported here), so the pure stream core can take them
-(consumers.stream.pipeline) and every reader can make them (codeclog.kafka.reader).
-"""
+"""A record as read from Kafka, before anything decodes it: where it sat and its raw bytes. Plain
+values (no Kafka client imported here), so the pure stream core can take them and every reader
+can make them."""
 
 from __future__ import annotations
 

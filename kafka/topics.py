@@ -1,22 +1,5 @@
 """The codeclog topics: what they must look like, creating them idempotently, listing them.
-
-A topic that already exists is fine when it has at least the configured partitions and the
-right cleanup.policy; otherwise it is reported (never silently altered: repartitioning moves
-keys to other partitions and would break per-request ordering and replay).
-
-The chunk topic is created with message.timestamp.type=LogAppendTime: each record carries the
-time the broker appended it, so lag's time lag is measured on a clock the cluster owns, never
-on a talker's (a producer stamping 1 ms after the epoch showed 57 years of lag and paged). An
-existing chunk topic that keeps CreateTime is reported by `create`, not altered.
-
-New topics get a replication factor and min.insync.replicas chosen from the brokers the cluster
-metadata lists (`replication_for`): 3 and 2 on three brokers or more, 1 and 1 on one. Existing
-topics keep theirs; `create` reports what each has.
-
-Only whole-cluster metadata requests are made: a metadata request naming a missing topic can
-auto-create it (librdkafka's admin client is a producer, whose allow.auto.create.topics
-defaults to true) with the broker's default partition count.
-"""
+Reasons: README, "Topics and configuration"; docs/lag.md, "Time lag is on the broker's clock"."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""Consumer-lag measurement, evaluation and alerting.
-
-Modules: `lag.evaluator` (pure Burrow-style rules over a window of samples), `lag.measure`
-(offsets, LSO, time lag and audio lag from the cluster) with `lag.arithmetic` (the lag, time
-lag and audio lag of a partition, no Kafka) and `lag.readers` (committed offsets and head
-reads), `lag.report` (reports, JSON, table), `lag.monitor` (`LagMonitor`: measure + evaluate),
-`lag.exporter` (Prometheus metrics).
-
-`from lag import LagMonitor, GroupReport` works without importing Kafka for users of the pure
-evaluator: the two names are resolved on first use.
-"""
+"""Consumer-lag measurement, evaluation and alerting (docs/lag.md); its modules: README,
+"Architecture"."""
 
 from __future__ import annotations
 

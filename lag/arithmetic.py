@@ -1,51 +1,5 @@
-"""The lag arithmetic: what one measurement is, and how offsets and a head read make it.
-
-No Kafka client here: `lag.readers` reads the cluster, `lag.measure` puts the two together.
-
-Lag counts the records a read_committed consumer still has to read: LSO - start, except that
-when the head reader (`lag.readers.HeadReader`) reaches the end it counts the visible records
-exactly (`visible_lag`). This matters on transactional input: right after the last record of a
-transaction, position() still points at the commit marker until the consumer's next fetch steps
-over it (checked on Kafka 4.3.1 / librdkafka 2.16: record 10 consumed, position 11; after one
-more poll, 12). A consumer that commits position() only together with its outputs would
-otherwise show lag 1 forever once the topic goes idle, and the evaluator would call it STALL.
-
-Time lag is read, not interpolated (docs/lag.md): for each lagging partition a short-lived
-read_committed consumer `assign()`s the start offset (committed, else the reset position) and
-reads the first visible record (a `HeadRead`); time lag = now - that record's timestamp (clamped
-at 0). A caught-up partition has time lag 0. If the reader reaches the end without a visible
-record (only commit markers or aborted records are left) both time and audio lag are 0: nothing
-is waiting to be vocoded.
-
-Whose clock: the record's Kafka timestamp, never the payload's produced_at_ms. On a chunk topic
-made by `codeclog topics create` (message.timestamp.type=LogAppendTime) it is the time the
-broker appended the record: a clock the cluster owns. On a topic that keeps CreateTime it is
-the producer's clock, which may be anything (a talker stamping 1 ms after the epoch showed 57
-years of lag and paged): such a timestamp counts only within [now - CREATE_TIME_MAX_AGE_MS,
-now + CREATE_TIME_MAX_AHEAD_MS]; outside, the partition's time lag is unknown (None, an absent
-series), so a wrong producer clock cannot page, while offset lag, audio lag and the group rules
-still measure the backlog.
-
-Audio lag estimates the seconds of codec frames in records not yet vocoded. The reader reads at
-most `read_records` (K) records from the committed offset and counts each record's new frames
-(`codec_chunk_frames`, else frames minus `codec_left_context_frames`; control events and
-undecodable records count 0). If it reached the end of the partition, the sum is exact;
-otherwise audio lag = mean new frames per record read x offset lag x 40 ms. Cost is bounded:
-at most K records per lagging partition per measurement, and none when the cached read for the
-same committed offset is still valid (it read K records, or the end offset has not moved).
-
-Error of the audio estimate, stated so nobody mistakes it for exact:
-* sampling: only the oldest K records are decoded; if the frames per record of the rest differ
-  (a burst of short first chunks, long idle turn ends) the estimate is off by that difference
-  times the records not read; with 25-frame chunks and K = 64 it is typically within 10 %;
-* transaction markers and aborted records occupy offsets but carry no frames: the offset lag
-  overcounts them, so the estimate is high by at most (markers + aborted) / lag (one marker per
-  transaction, so about 1 / records per transaction);
-* frames the consumer has already consumed but holds because a window was too short (at most
-  L = 3 per request, fold rule A4) are not counted: low by at most 0.12 s per open request.
-
-Unknown values are None, never NaN: the exporter turns None into an absent series.
-"""
+"""The lag arithmetic: what one measurement is, and how offsets and a head read make it; no Kafka
+client. Reasons: docs/lag.md, "Lag, time lag and audio lag"."""
 
 from __future__ import annotations
 
@@ -140,7 +94,8 @@ def visible_lag(offsets_lag: int, head: HeadRead | None) -> int:
 
 def time_lag_s(head: HeadRead, lag: int, now_ms: int) -> float | None:
     """now - the first waiting record's timestamp (clamped at 0); None when unknown: no
-    timestamp, or a producer's CreateTime outside the plausible window (module docstring)."""
+    timestamp, or a producer's CreateTime outside the plausible window (docs/lag.md, "Time lag
+    is on the broker's clock")."""
     if lag == 0 or (head.records == 0 and head.reached_end):
         return 0.0
     if head.first_timestamp_ms is None:

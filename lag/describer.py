@@ -1,19 +1,5 @@
 """A consumer group's state, members and owned partitions, asked in a child process.
-
-`describe_consumer_groups` is an admin request to the group's coordinator, and librdkafka
-aborts the whole process on some of those when the coordinator moves or cannot be reached
-(`rd_kafka_enq_once_del_source_return: Assertion 'eonce->refcnt > 0' failed`, librdkafka
-#4605). A request timeout past the broker's own made it rarer, not impossible: the
-hour-long soak lost its lag exporter so again, 2 minutes after a transaction-coordinator cut.
-No setting of the request avoids it, so the request runs where an abort costs nothing: a child
-process (spawned, never forked from a process with librdkafka's threads) with its own
-AdminClient, asked over a pipe. When the child dies the answer is "unknown" for that
-measurement, the death is counted and told once per death, and the next call starts a new
-child. The lag exporter, `codeclog lag` and the monitor go on measuring.
-
-One question is in flight at a time: while the child waits for a coordinator, the group is
-unknown (as before, no second request is sent for it).
-"""
+Reasons: docs/lag.md, "The exporter's abort when the group coordinator dies"."""
 
 from __future__ import annotations
 

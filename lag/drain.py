@@ -1,13 +1,5 @@
-"""'Drained': every partition with data committed to its end.
-
-What `verify`, the demo and the benchmarks wait for before they read the outputs. Not
-`codeclog lag --check` OK: that is a health verdict (a consumer a few records behind is
-healthy, not finished). A partition the group never committed on counts with its lag from the
-reset position (lag.measure), so one that holds records is not drained, and an unknown lag is
-not drained either; a partition without data needs no commit. The lag is the records a
-read_committed consumer still has to read, so a group whose committed offset points at a
-trailing transaction marker is drained.
-"""
+"""'Drained': every partition with data committed to its end. Reasons: docs/lag.md, its last
+section."""
 
 from __future__ import annotations
 

@@ -1,66 +1,5 @@
 """Consumer-lag status rules: a pure evaluator over a sliding window of samples per partition.
-
-Modelled on LinkedIn Burrow's evaluator (`core/internal/evaluator/caching.go`), with two fixes
-for its best-known caveats:
-
-* Burrow stores one window entry per *commit*, so a stopped group's lag freezes at its last
-  commit. Here a window entry is an *observation* (`Sample`) taken by the monitor on its own
-  clock, so the current lag is recomputed at every evaluation and a stopped group's lag rises.
-* Burrow's WARN needs the lag never to decrease between any two commits, which real consumers
-  almost never satisfy (Burrow #738). Here WARN means sustained growth: over a window of at least
-  `warn_min_samples` samples the lag grew by more than `warn_growth_records` and its
-  least-squares trend is positive.
-
-Because the admin API does not report when an offset was committed, "has not committed for some
-time" is measured as *no progress*: `idle_ms` is the time since the current committed offset was
-first observed. `LagWindows` remembers that instant beyond the window (a stopped consumer's offset
-outlives any window of samples); `evaluate_partition` on a bare window falls back to the oldest
-sample of the trailing run of equal offsets. STOP and STALL then differ by
-ownership, which `describe_consumer_groups` does report: STOP = nobody holds the partition (the
-consumer is gone), STALL = a live member holds it but does not advance. Unknown ownership counts
-as STOP, Burrow's default reading of "no commits in some time".
-
-Partition rules, first match wins (Burrow's order, C.1):
-
-| rule (`Rule`)        | condition                                                    | status |
-|----------------------|--------------------------------------------------------------|--------|
-| `no_data`            | no sample, or the latest lag is unknown                      | OK     |
-| `within_allowed_lag` | latest lag <= `allowed_lag`                                  | OK     |
-| `stop`               | lag > allowed in every sample, stuck, partition not owned    | STOP   |
-| `rewind`             | latest committed offset < the window's highest one           | REWIND |
-| `time_lag_above`     | young window, latest time lag > `max_time_lag_s`             | LAGGING|
-| `audio_lag_above`    | young window, latest audio lag > `max_audio_lag_s`           | LAGGING|
-| `lag_was_zero`       | some sample in the window had lag <= `allowed_lag`           | OK     |
-| `stall`              | stuck (and owned, else `stop` matched)                       | STALL  |
-| `growing`            | >= `warn_min_samples`, growth > threshold, positive trend    | WARN   |
-| `not_growing`        | none of the above                                            | OK     |
-
-"stuck" means idle_ms >= `stuck_after_ms`. "young" means the partition has been observed for
-less than `stuck_after_ms` (one-shot `codeclog lag` is always young): such a window cannot yet
-tell a stopped consumer from a live one, so absolute thresholds stand in for STOP and STALL.
-They are sized for real-time speech: a listener's playback buffer holds about a second, so a
-chunk 3 s old (`max_time_lag_s`) is an audible gap, and 5 s of speech waiting on one partition
-(`max_audio_lag_s`) is more than its sessions produce during a normal consumer step.
-
-Lag of a partition the group never committed on is measured from where the group would start
-(`auto.offset.reset`, earliest for codeclog: the log start offset), so it is never unknown
-while the partition has data (lag.measure); its committed offset stays None, so it never
-progresses and turns STOP or STALL once stuck.
-
-Group rules (`GroupRule`), on top of the partition statuses; each makes the group ERR:
-
-| rule               | condition                                                        | when   |
-|--------------------|------------------------------------------------------------------|--------|
-| `group_not_found`  | the cluster does not know the group (state DEAD, no offsets)     | always |
-| `empty_with_lag`   | the group has no members while some partition has lag            | always |
-| `never_committed`  | no committed offset on any partition while some has lag          | young  |
-
-The REWIND test is Burrow's "some offset[i] < offset[i-1] and the consumer never got back to
-offset[i-1]", which is equivalent to "the latest offset is below the window's maximum".
-
-Group status is the worst partition status: ERR if any partition is STOP, STALL, REWIND or
-LAGGING, or any group rule holds, else WARN if any is WARN, else OK.
-"""
+The rules and why: docs/lag.md, "Partition rules" and "Group rules"."""
 
 from __future__ import annotations
 
@@ -96,7 +35,7 @@ class GroupStatus(enum.Enum):
 
 
 class Rule(enum.Enum):
-    """The rule that decided a partition's status (see the module docstring's table)."""
+    """The rule that decided a partition's status (docs/lag.md, "Partition rules")."""
 
     NO_DATA = "no_data"
     WITHIN_ALLOWED_LAG = "within_allowed_lag"
@@ -111,7 +50,7 @@ class Rule(enum.Enum):
 
 
 class GroupRule(enum.Enum):
-    """A group-level finding (see the module docstring); any of them makes the group ERR."""
+    """A group-level finding (docs/lag.md, "Group rules"); any of them makes the group ERR."""
 
     GROUP_NOT_FOUND = "group_not_found"
     EMPTY_WITH_LAG = "empty_with_lag"
@@ -199,7 +138,7 @@ class EvaluatorConfig:
     stuck_after_ms: int = 30_000  # no progress for this long (with lag) is STOP or STALL
     warn_growth_records: int = 100  # WARN needs the lag to grow by more than this over the window
     warn_min_samples: int = 5  # ... seen over at least this many samples
-    # absolute thresholds for young windows (and one-shot checks): see the module docstring
+    # absolute thresholds for young windows (and one-shot checks): docs/lag.md, "Partition rules"
     max_time_lag_s: float = 3.0
     max_audio_lag_s: float = 5.0
 

@@ -1,41 +1,5 @@
 """Prometheus metrics for lag reports, named like kafka-lag-exporter so its dashboards work.
-
-Per partition (labels cluster_name, group, topic, partition):
-  kafka_consumergroup_group_offset        committed offset (absent when the group has none)
-  kafka_consumergroup_group_lag           records behind the last stable offset, from the
-                                          committed offset or, without one, from the reset
-                                          position (earliest: the log start offset)
-  kafka_consumergroup_group_lag_seconds   age of the record at the committed offset (read, not
-                                          interpolated: see lag.arithmetic)
-  codeclog_audio_lag_seconds              seconds of codec frames not yet vocoded (estimate)
-  codeclog_partition_lag_from_reset       1: no committed offset, the lags above are measured
-                                          from the reset position; 0: from the committed offset
-  codeclog_partition_status{status=...}   one series per status (OK, WARN, STOP, STALL, REWIND,
-                                          LAGGING):
-                                          1 for the current status, 0 for the others, so
-                                          `codeclog_partition_status{status="STOP"} == 1` selects
-                                          stopped partitions (the StateSet pattern of OpenMetrics)
-Per group (labels cluster_name, group):
-  kafka_consumergroup_group_max_lag, _group_max_lag_seconds, _group_sum_lag
-  kafka_consumergroup_group_topic_sum_lag (plus label topic)
-  kafka_consumergroup_poll_time_ms        how long the last measurement took
-  codeclog_group_status{status=...}       like codeclog_partition_status, statuses OK, WARN, ERR
-  codeclog_group_members                  live members (0: nobody consumes; lag may still be 0)
-  codeclog_group_rule{rule=...}           one series per group rule (group_not_found,
-                                          empty_with_lag, never_committed): 1 when it holds
-  codeclog_lag_measure_failures_total     measurements that failed (counter)
-Per topic partition (labels cluster_name, topic, partition):
-  kafka_partition_latest_offset           the LAST STABLE OFFSET (kafka-lag-exporter exports the
-                                          high watermark; codeclog's consumers read_committed)
-  kafka_partition_earliest_offset
-
-Differences from kafka-lag-exporter: no member_host/consumer_id/client_id labels (members are
-counted, not listed); an unknown value is an absent series, never NaN (its #111, #265: NaN
-poisons `sum()`); a group whose measurement failed loses its series until the next success, so
-`absent()` alerts see it.
-
-prometheus-client is optional (the `metrics` extra) and imported only when metrics are served.
-"""
+The metrics: docs/lag.md, "The exporter's metrics"."""
 
 from __future__ import annotations
 

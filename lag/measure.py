@@ -1,32 +1,5 @@
 """Lag measurements on a real cluster: offsets, time lag and audio lag for one group and topic.
-
-What is read, per partition of the topic, in one `measure()` call:
-
-* committed offset: `Consumer.committed()` of a consumer carrying the group's id, which never
-  joins the group (negative = none: None here). Not `AdminClient.list_consumer_group_offsets`:
-  librdkafka crashes the process (SIGSEGV) when a coordinator answers that with
-  NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE (`lag.readers.CommittedReader`; docs/lag.md);
-* end offset: the **last stable offset** (`list_offsets(..., isolation_level=READ_COMMITTED)`),
-  because the vocoder reads read_committed: against the high watermark a fully consumed
-  transactional topic would show lag 1 (the commit marker; librdkafka #2539, klag-exporter #104);
-* earliest offset (`OffsetSpec.earliest()`), exported as `kafka_partition_earliest_offset`;
-* group state and members (`describe_consumer_groups`), so an empty group is visible and each
-  partition is known to be held by a live member or not (STOP vs STALL in the evaluator).
-
-A partition the group never committed on still has a lag: it is measured from where the group
-would start, its `auto.offset.reset` (`offset_reset`; earliest for codeclog's consumer: the
-log start offset, so every retained record is waiting; latest: nothing is). Such a row says so
-(`from_reset`, and `start_offset` is the reset position), and its time and audio lag come from
-the records after the reset position like any other. Without this a stopped group hid every
-partition it had never touched: new sessions there showed lag "-", were not counted, and the
-group looked OK.
-
-Lag, time lag and audio lag (what they count, whose clock, the error of the audio estimate)
-are computed in `lag.arithmetic`; the committed offsets and the head reads come from
-`lag.readers`.
-
-Unknown values are None, never NaN: the exporter turns None into an absent series.
-"""
+What is read and why: docs/lag.md, "What is read"."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
 """`LagMonitor`: measure one (group, topic) and evaluate it, keeping the window between calls.
-
-    client = {"bootstrap.servers": "127.0.0.1:9092"}
-    monitor = LagMonitor(client, "codeclog-vocoder", "codec.chunks")
-    report = monitor.sample(now_ms=int(time.time() * 1000))
-    print(report.status, report.total_lag, report.max_time_lag_s)
-    monitor.close()
-
-One-shot use (a single `sample`) and the first `stuck_after` of a monitor's life are "young":
-there the evaluator's absolute thresholds and group rules stand in for the window rules.
-
-The clock is the caller's: `sample(now_ms)` stamps the measurement and evaluates at `now_ms`,
-so tests can drive minutes of window with an injected clock.
-"""
+Use: docs/lag.md, "The monitor from Python"."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""The Kafka readers behind a lag measurement: committed offsets and the records after them.
-
-* `CommittedReader`: a group's committed offsets, read by a consumer carrying the group's id
-  that never joins the group (not `AdminClient.list_consumer_group_offsets`: librdkafka
-  crashes the process on a moving coordinator; the class docstring, docs/lag.md);
-* `HeadReader`: the first visible records after each start offset, read by a short-lived
-  read_committed consumer, for the time and audio lag (`lag.arithmetic`).
-
-`MeasureError` (and `ClientConfigError`) say the cluster could not be asked.
-"""
+"""The Kafka readers behind a lag measurement: committed offsets (`CommittedReader`) and the records
+after them (`HeadReader`); `MeasureError` and `ClientConfigError` say the cluster could not be
+asked. Reasons: docs/lag.md, "The exporter's SIGSEGV"."""
 
 from __future__ import annotations
 

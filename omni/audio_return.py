@@ -1,20 +1,6 @@
 """Mode 2's return path: each vllm-omni request's audio, from codeclog's audio topic, in order,
-each window once, with its end, or its failure with the reason.
-
-`ReturnRouter` is the pure part: requests registered by the id vllm-omni knows them by (the
-stage's internal request id) under their external id (the Kafka key), and what comes for them:
-- a window (`consumers.readers.listener.AudioListener`'s delivery: per request and epoch, in
-  window order, each once, committed audio by default, the speculative copies where asked) is a
-  `Window` of the request; the epoch's final window ends it (`Window.final`);
-- a dead letter of one of its chunks (a refused chunk, an eviction: `codec.dlq`), an ABORT on
-  the chunk topic (the talker hook could not deliver its chunks), a stream the listener ended
-  without its final window (idle, evicted), windows never written before the one delivered (a
-  gap), or nothing for `wait_s` since it was registered or since its last window: a `Failure`
-  with the reason, and the request is forgotten.
-
-`AudioReturn` feeds a router from Kafka on a thread of its own and hands every event to a sink
-(omni.relay turns them into the engine outputs vllm-omni's Code2Wav stage would have made).
-"""
+each window once, with its end, or its failure with the reason (`ReturnRouter`, `AudioReturn`).
+Reasons: docs/vllm-omni.md, "Mode 2 end to end"."""
 
 from __future__ import annotations
 
@@ -65,7 +51,16 @@ class _Waiting:
 
 
 class ReturnRouter:
-    """Registered requests and what comes for them (module docstring); no I/O, no lock."""
+    """Registered requests and what comes for them; no I/O, no lock.
+
+    Requests are registered by the id vllm-omni knows them by (the stage's internal request id)
+    under their external id (the Kafka key). A window (`AudioListener`'s delivery: per request
+    and epoch, in window order, each once) is a `Window` of the request; the epoch's final window
+    ends it (`Window.final`). A dead letter of one of its chunks (a refused chunk, an eviction),
+    an ABORT on the chunk topic (the talker hook could not deliver its chunks), a stream the
+    listener ended without its final window (idle, evicted), windows never written before the
+    one delivered (a gap), or nothing for `wait_s` since it was registered or since its last
+    window: a `Failure` with the reason, and the request is forgotten."""
 
     def __init__(self, wait_s: float) -> None:
         self.wait_s = wait_s
@@ -157,7 +152,8 @@ class ReturnConfig:
 
 
 class AudioReturn:
-    """A `ReturnRouter` fed from Kafka on its own thread; `sink` gets every event."""
+    """A `ReturnRouter` fed from Kafka on its own thread; `sink` gets every event (omni.relay
+    turns them into the engine outputs vllm-omni's Code2Wav stage would have made)."""
 
     def __init__(self, config: ReturnConfig, sink: Callable[[Sequence[Event]], None]) -> None:
         self.config = config

@@ -1,33 +1,6 @@
-"""`CodeclogKafkaConnector`: a vllm-omni OmniConnector on a durable Kafka topic.
-
-A subclass of vllm-omni's `OmniConnectorBase` where `vllm_omni` is importable (it then has the
-base's `serialize_obj`, `deserialize_obj`, `_make_key`, context manager and destructor); a plain
-class with the same interface otherwise, so codeclog never imports vllm-omni where it is not
-installed. The plugin (`codeclog.omni.plugin`) registers it with vllm-omni's connector factory.
-docs/vllm-omni.md is the user's guide.
-
-- put: one record keyed by the external request id of the put key, on an idempotent producer with
-  acks=all (`producers.publisher.producer_settings`); returns (True, size, metadata) only after the
-  broker acknowledged it, else (False, 0, None) with the reason logged and counted. It never
-  raises. On the MiniCPM-o talker -> Code2Wav edge payloads travel as CodecChunk records (and
-  the adapter's end markers as FINISH control events), anything else as a PayloadEnvelope
-  (omni.payload). An instance that also receives indexes its own put at once.
-- get / get_with_deadline (omni.receiver): served from an in-memory index (omni.index) that a
-  background consumer fills (read_committed, one group per replica with static membership,
-  started with the connector unless its role is "sender"). get never blocks; get_with_deadline
-  waits until the monotonic deadline at most. A key is handed out once, as vllm-omni's
-  shared-memory connector does; a request ends here when its terminal payload is handed out,
-  when it fails (the adapter waited `request_wait_s` for its next chunk) or at `cleanup`, and
-  each ending goes on the edge's hand-out ledger (omni.ledger), so a process that replaces this
-  one hands out every request that had not ended again from chunk 0, and none that had.
-- health(): counters, lag, last error; close(): flushes the producer and stops the consumer
-  thread; idempotent.
-
-Config (the edge's `extra` dict in the deploy YAML, plus the `stage_id` and `role` vllm-omni
-adds): omni.settings reads it; docs/vllm-omni.md lists every key. librdkafka's own log lines go
-to the `codeclog.kafka` logger (codeclog.kafka.log), the connector's to `codeclog.omni`; neither
-writes to stderr unless the process configures logging.
-"""
+"""`CodeclogKafkaConnector`: a vllm-omni OmniConnector on a durable Kafka topic; a subclass of
+`OmniConnectorBase` (its context manager and destructor too) where `vllm_omni` imports, a plain
+class otherwise. Guide: docs/vllm-omni.md, "Mode 1"."""
 
 from __future__ import annotations
 
@@ -68,7 +41,18 @@ else:
 
 
 class CodeclogKafkaConnector(_Base):
-    """An OmniConnector whose transport is a Kafka topic (see the module docstring)."""
+    """An OmniConnector whose transport is a Kafka topic (docs/vllm-omni.md, "Mode 1").
+
+    put (omni.sender): one record keyed by the external request id of the put key, (True,
+    size, metadata) only after the broker acknowledged it, else (False, 0, None); it never
+    raises, and an instance that also receives indexes its own put at once. get and
+    get_with_deadline (omni.receiver): served from an in-memory index (omni.index) that a
+    background consumer fills (read_committed, one group per replica with static membership,
+    started with the connector unless its role is "sender"); get never blocks,
+    get_with_deadline waits until the monotonic deadline at most; a key is handed out once. A
+    request ends here when its terminal payload is handed out, when it fails or at `cleanup`,
+    and each ending goes on the edge's hand-out ledger (omni.ledger). health(): counters, lag,
+    last error; close(): flushes the producer and stops the consumer thread; idempotent."""
 
     supports_raw_data = False  # payloads go through omni.payload, not raw RDMA buffers
 

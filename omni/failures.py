@@ -1,13 +1,5 @@
 """How the connector's receiver fails a request, and what it remembers of the failures.
-
-vllm-omni 0.30 gives a connector no way to fail one of its adapter's requests. Where the adapter
-was bound to the connector (omni.plugin's `bind_adapters`, in every vLLM process), a failure goes
-through the adapter's own `record_receive_failure`, which vllm-omni's scheduler turns into
-FINISHED_ERROR with the reason. Otherwise the failed request's next get returns a terminal
-payload in the adapter's own end-marker shape, with the reason under `meta.codeclog_error`.
-Either way it is logged, counted and named in `health()["failed_requests"]` (the newest
-`FAILED_KEPT`).
-"""
+Reasons: docs/vllm-omni.md, "Re-dispatch: a dead replica's requests finish on another"."""
 
 from __future__ import annotations
 
@@ -27,7 +19,11 @@ ERROR_KEY = "codeclog_error"  # where a failure terminal's meta carries the reas
 
 
 class RequestFailures:
-    """The failures of one receiver (module docstring); thread-safe."""
+    """The failures of one receiver; thread-safe. Where the adapter was bound to the connector
+    a failure goes through the adapter's own `record_receive_failure`; otherwise the failed
+    request's next get returns a terminal payload in the adapter's own end-marker shape, with
+    the reason under `meta.codeclog_error`. Either way it is logged, counted and named in
+    `health()["failed_requests"]` (the newest FAILED_KEPT)."""
 
     def __init__(self, tally: Tally) -> None:
         self.tally = tally

@@ -1,24 +1,5 @@
-"""MiniCPM-o talker -> Code2Wav payloads as codeclog's typed records.
-
-On the talker -> Code2Wav edge a payload of vllm-omni's `tts2code2wav_async_chunk` (after
-`tree.plain`: nested dicts) holds the window in `codes.audio` and the stream position in `meta`.
-It becomes a `CodecChunk`: the records `codeclog vocode`, `capture` and `replay` read. The
-connector keeps the payload's shape beside it (a `PayloadEnvelope` header) whose nodes that the
-chunk holds are references (`source`), checked to restore exactly.
-
-- `codec_record`: the chunk of a payload with `codes.audio`. A field the payload lacks takes the
-  record's default, which is the default the upstream Code2Wav substitutes for a missing
-  producer field, so a payload that lost its metadata on the way (the seed incident) is on the
-  log as the upstream would have read it.
-- `end_marker`: a payload without `codes.audio` on that edge is a control-only boundary: the
-  adapter's own end marker (`meta.finished` only, sent when the processor returns None on a
-  request's last step) or MiniCPM-o's duplex boundary after a turn's terminal chunk. It becomes a
-  `ControlEvent` FINISH: it flushes what the fold holds of the request and releases it, and is
-  harmless when no stream is open (docs/fold-contract.md, control events), which is always the
-  case for the duplex boundary (the terminal chunk before it closed the epoch).
-- `chunk_resolver`: the values of a chunk's referenced nodes when the payload is rebuilt.
-- `minicpmo_payload`: the dict the upstream processor returns for a chunk (tests and tools).
-"""
+"""MiniCPM-o talker -> Code2Wav payloads as codeclog's typed records (`CodecChunk`, `ControlEvent`
+FINISH) and back. Reasons: docs/vllm-omni.md, "Mode 1"; docs/wire-format.md."""
 
 from __future__ import annotations
 
@@ -157,7 +138,10 @@ def _field_value(name: str, value: Any) -> tuple[bool, Any]:
 def codec_record(
     payload: Mapping[str, Any], request_id: str, now_ms: int, producer_id: str
 ) -> tuple[CodecChunk, Backing]:
-    """The chunk of a payload with `codes.audio`, and which payload nodes it carries."""
+    """The chunk of a payload with `codes.audio`, and which payload nodes it carries. A field
+    the payload lacks takes the record's default, which is the default the upstream Code2Wav
+    substitutes for a missing producer field, so a payload that lost its metadata on the way
+    (the seed incident) is on the log as the upstream would have read it."""
     fields: dict[str, Any] = {}
     for name, path in CHUNK_PATHS.items():
         found, value = _get(payload, path)
@@ -198,7 +182,12 @@ def _reference(path: Path, name: str, value: Any) -> PayloadEntry | None:
 
 
 def end_marker(payload: Any, request_id: str, now_ms: int, producer_id: str) -> ControlEvent:
-    """The FINISH control event of a payload without codes on the codec edge."""
+    """The FINISH control event of a payload without codes on the codec edge: a control-only
+    boundary, the adapter's own end marker (`meta.finished` only, sent when the processor
+    returns None on a request's last step) or MiniCPM-o's duplex boundary after a turn's
+    terminal chunk. It flushes what the fold holds of the request and releases it, and is
+    harmless when no stream is open, which is always the case for the duplex boundary (the
+    terminal chunk before it closed the epoch)."""
     reason = END_MARKER_REASON if is_finished(payload) else BOUNDARY_REASON
     return ControlEvent(request_id, ControlKind.FINISH, reason, now_ms, producer_id)
 

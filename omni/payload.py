@@ -1,19 +1,5 @@
-"""vllm-omni stage payloads <-> Kafka records, shape for shape.
-
-`encode_payload` turns one put into a Kafka value plus headers:
-
-- on the MiniCPM-o talker -> Code2Wav edge (`codec_edge`), a payload with `codes.audio` is a
-  typed `CodecChunk` and one without is a `ControlEvent` FINISH (omni.minicpmo), each with a
-  `PayloadEnvelope` in the `codeclog.payload` header holding the payload's shape, so the topic
-  holds exactly the records `codeclog vocode`, `capture` and `replay` read. Off that edge
-  (`codec_edge` None: decided per payload) a payload is a CodecChunk when it is recognisably
-  MiniCPM-o's (`codes.audio` and a stream position in `meta`);
-- anything else is a `PayloadEnvelope` value (schemas/avro/payload_envelope.v1.avsc).
-
-`decode_payload` restores the exact tree (omni.tree): msgspec structs and other mappings come
-back as dicts without the fields msgspec's own encoding leaves out, as vllm-omni's serializer
-delivers them.
-"""
+"""vllm-omni stage payloads <-> Kafka records, shape for shape (`encode_payload`, `decode_payload`).
+Reasons: docs/vllm-omni.md, "Mode 1"; docs/wire-format.md."""
 
 from __future__ import annotations
 
@@ -89,7 +75,11 @@ def encode_payload(
     """The Kafka value and headers of one put; PayloadError if the payload cannot be sent.
 
     `codec_edge`: True on the talker -> Code2Wav edge, False for envelopes only, None to decide
-    per payload (see the module docstring)."""
+    per payload. On the codec edge a payload with `codes.audio` is a typed `CodecChunk` and one
+    without is a `ControlEvent` FINISH (omni.minicpmo), each with a `PayloadEnvelope` in the
+    `codeclog.payload` header holding the payload's shape; decided per payload, a payload is a
+    CodecChunk when it is recognisably MiniCPM-o's (`codes.audio` and a stream position in
+    `meta`); anything else is a `PayloadEnvelope` value."""
     request_id, _stage, chunk_id = parse_put_key(put_key)
     tree = plain(payload)
 

@@ -1,28 +1,6 @@
-"""The vllm general plugin: registers `CodeclogKafkaConnector` with vllm-omni's factory.
-
-vLLM calls every `vllm.general_plugins` entry point (pyproject.toml) with no arguments, in every
-process, possibly more than once. `register()` is a no-op when vllm_omni is not importable and
-harmless when called again (the factory refuses a second registration of a name). On a vllm-omni
-release other than the ones codeclog is tested inside (`TESTED`), it registers and logs a
-warning naming both (docs/vllm-omni.md), never raises.
-
-It also hands every chunk adapter to its codeclog connector (`bind_adapters`): vllm-omni 0.30
-gives a connector no way to fail one of the adapter's requests, and a receiver that gives up on
-a request (its talker died) fails it through the adapter's own `record_receive_failure`, which
-the scheduler ends as FINISHED_ERROR with the reason. Upstream-ready: the adapter would pass
-itself (or that one callback) to its connector where `self.connector` is created, in
-`OmniChunkTransferAdapter.__init__` (chunk_transfer_adapter.py); the plugin then need not wrap it.
-
-A dead replica's requests move (`codeclog.omni.redispatch`): where a stage receives through
-`CodeclogKafkaConnector`, the orchestrator submits a dead replica's in-flight requests again to a
-live replica instead of failing them (the edge's extra `redispatch: false` keeps 0.30's way).
-
-Mode 2's return path (`install_return_stage`): where $CODECLOG_RETURN_STAGE names a stage, the
-stage runtime builds codeclog's `AudioRelayClient` for it instead of an engine client (the
-Code2Wav stage's audio then comes from codeclog's audio topic, omni.relay). vllm-omni 0.30 has
-no setting for a stage whose client is not an engine it starts: the plugin wraps
-`StageRuntime._initialize_replica` (engine/stage_runtime.py), the one place clients are built.
-"""
+"""The vllm general plugin: registers `CodeclogKafkaConnector` with vllm-omni's factory, binds the
+chunk adapters, and installs re-dispatch and mode 2's return stage where asked.
+Reasons: docs/vllm-omni.md."""
 
 from __future__ import annotations
 
@@ -56,7 +34,10 @@ def _factory() -> Any:
 
 
 def register() -> bool:
-    """Register the connector: True when registered (now or before), False without vllm_omni."""
+    """Register the connector: True when registered (now or before), False without vllm_omni.
+    vLLM calls it in every process, possibly more than once: harmless again (the factory
+    refuses a second registration of a name). On a release other than the `TESTED` ones it
+    registers and logs a warning naming both, never raises."""
     factory = _factory()
     if factory is None:
         return False
@@ -81,7 +62,9 @@ def register() -> bool:
 
 def bind_adapters() -> bool:
     """Wrap the chunk adapter's __init__ once so that a connector with `bind_adapter` gets the
-    adapter that owns it (module docstring). False where the adapter does not import."""
+    adapter that owns it, which a receiver that gives up on a request (its talker died) fails
+    through the adapter's own `record_receive_failure` (docs/vllm-omni.md, "Re-dispatch: a dead
+    replica's requests finish on another"). False where the adapter does not import."""
     try:
         module = importlib.import_module(ADAPTER_MODULE)
     except Exception:  # vllm_omni without vllm (a documentation build): nothing to bind
@@ -123,7 +106,8 @@ def untested_version() -> str:
 
 def install_return_stage(environ: Mapping[str, str] | None = None) -> bool:
     """Where $CODECLOG_RETURN_STAGE is set, wrap `StageRuntime._initialize_replica` once so that
-    the stage it names gets codeclog's `AudioRelayClient` (module docstring)."""
+    the stage it names gets codeclog's `AudioRelayClient` instead of an engine client
+    (docs/vllm-omni.md, "Mode 2 end to end": the one place clients are built)."""
     environ = os.environ if environ is None else environ
     stage = environ.get(RETURN_STAGE, "").strip()
     if not stage:

@@ -1,24 +1,6 @@
-"""`AudioRelayClient`: vllm-omni's Code2Wav stage, as its orchestrator sees it, fed by codeclog.
-
-In mode 2 the talker hook publishes the codec chunks and `codeclog vocode` decodes them; this
-client sits where the Code2Wav stage's engine client sits (in the stage's `StagePool`, in the
-orchestrator thread of vllm-omni's API server) and speaks the same pool-facing protocol
-(`vllm_omni/engine/stage_client.py`, `StagePoolLLMClient`): the orchestrator submits each
-request's placeholder to it when the request starts (`_prewarm_async_chunk_stages`), and polls
-it for engine outputs. It answers with what the Code2Wav engine core would emit, from
-codeclog's committed audio (omni.audio_return):
-- one `OmniEngineCoreOutput` per window, `multimodal_output` as
-  `minicpmo_4_5_code2wav.py` builds it: `model_outputs` a 1-D float32 waveform (the window's
-  16-bit PCM / 32768, exactly), `sr` an int32 24000, and the window's `meta.*` (duplex epoch and
-  turn, turn end, last chunk); the request's last window has finish reason STOP;
-- a failure as finish reason ERROR with the reason as `stop_reason`: vllm-omni's orchestrator
-  ends the request with an error message carrying it (`_handle_stage_error`), never a response
-  that just stops.
-The stage's own output processor, the orchestrator's routing and the API server's serializers
-then run unchanged. No GPU and no engine process: a Kafka reader in the orchestrator process.
-
-It imports vllm and vllm-omni when built, never at import: codeclog runs without them.
-"""
+"""`AudioRelayClient`: vllm-omni's Code2Wav stage, as its orchestrator sees it, fed by codeclog. It
+imports vllm and vllm-omni when built, never at import: codeclog runs without them.
+Reasons: docs/vllm-omni.md, "Mode 2 end to end"."""
 
 from __future__ import annotations
 
@@ -71,7 +53,17 @@ class StageClientBase:
 
 
 class AudioRelayClient(StageClientBase):
-    """A Code2Wav stage client whose audio comes from codeclog (module docstring)."""
+    """A Code2Wav stage client whose audio comes from codeclog's committed audio
+    (omni.audio_return). It sits where the Code2Wav stage's engine client sits (in the stage's
+    `StagePool`, in the orchestrator thread of vllm-omni's API server) and speaks the same
+    pool-facing protocol (`vllm_omni/engine/stage_client.py`, `StagePoolLLMClient`): the
+    orchestrator submits each request's placeholder to it when the request starts
+    (`_prewarm_async_chunk_stages`) and polls it for engine outputs. It answers with what the
+    Code2Wav engine core would emit: one `OmniEngineCoreOutput` per window, `multimodal_output`
+    as `minicpmo_4_5_code2wav.py` builds it (`model_outputs` a 1-D float32 waveform, the
+    window's 16-bit PCM / 32768 exactly; `sr` an int32 24000; and the window's `meta.*`: duplex
+    epoch and turn, turn end, last chunk), the request's last window with finish reason STOP;
+    a failure as finish reason ERROR with the reason as `stop_reason`."""
 
     def __init__(
         self,

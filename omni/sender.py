@@ -1,10 +1,4 @@
-"""The connector's sending side: one record per `put`, acknowledged before `put` returns.
-
-The producer is idempotent with acks=all (`producers.publisher.producer_settings`); a put
-returns (True, size, metadata) only after the broker acknowledged the record, else
-(False, 0, None) with the reason logged and counted. The receiving side writes its hand-out
-ledger's marks through the same producer (`produce`).
-"""
+"""The connector's sending side: one record per `put`, acknowledged before `put` returns."""
 
 from __future__ import annotations
 
@@ -34,7 +28,9 @@ class Put:
 
 
 class Sender:
-    """Puts payloads on the edge's topic (module docstring)."""
+    """Puts payloads on the edge's topic: one record per `put`, on an idempotent producer with
+    acks=all (`producers.publisher.producer_settings`); the receiving side writes its hand-out
+    ledger's marks through the same producer (`produce`)."""
 
     def __init__(self, settings: ConnectorSettings, tally: Tally) -> None:
         self.settings = settings
@@ -44,7 +40,8 @@ class Sender:
         self.in_flight = 0
 
     def put(self, from_stage: str, to_stage: str, put_key: str, data: Any) -> Put | None:
-        """The record once the broker acknowledged it, or None with the failure counted."""
+        """The record once the broker acknowledged it, or None with the failure logged and
+        counted."""
         try:
             encoded = encode_payload(
                 data,

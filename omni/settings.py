@@ -1,9 +1,5 @@
 """The connector's settings: the edge's `extra` dict of the deploy YAML, read once.
-
-vllm-omni adds `stage_id` and `role` to the edge's `extra`; every other key is the user's
-(docs/vllm-omni.md, "Mode 1", its config keys). Unknown keys are left alone: the MiniCPM-o
-processor reads its own windowing keys (`codec_chunk_frames`, ...) from the same dict.
-"""
+The keys: docs/vllm-omni.md, "Mode 1"."""
 
 from __future__ import annotations
 
@@ -20,7 +16,8 @@ REPLICA_ENV = "VLLM_OMNI_REPLICA_ID"  # set by vllm-omni in every stage engine p
 
 @dataclasses.dataclass(frozen=True)
 class ConnectorSettings:
-    """Everything the connector reads from its config (module docstring)."""
+    """Everything the connector reads from its config: the edge's `extra` dict, read once, with
+    the `stage_id` and `role` vllm-omni adds (docs/vllm-omni.md, "Mode 1", its config keys)."""
 
     stage_id: Any  # an int as vllm-omni passes it (the adapter computes stage_id - 1)
     role: str  # "sender", "receiver" or "dual"

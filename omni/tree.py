@@ -1,16 +1,6 @@
-"""A stage payload as a typed tree: `flatten` to `PayloadEntry` nodes, `rebuild` back, exactly.
-
-A payload (what a vllm-omni stage input processor returns and an OmniConnector moves) is a tree
-of containers (dicts, lists, tuples) whose leaves are None, bool, int, float, str, bytes, torch
-tensors or numpy arrays. `plain` turns the other mappings a processor may return into dicts, as
-vllm-omni's own serializer does: a msgspec Struct (vllm-omni's `OmniPayloadStruct`) without the
-fields msgspec's encoding leaves out (those holding their default when the struct type says
-`omit_defaults`), a dataclass with every field, any Mapping with its items. `flatten` lists the
-tree in pre-order; `rebuild` restores the same keys in the same order, the same container types,
-tensors with the same dtype and shape (on the CPU). Array data is little-endian, C order. torch
-is imported only when a tensor is met; numpy is a core dependency. Nothing here knows MiniCPM-o
-(omni.minicpmo) or Kafka.
-"""
+"""A stage payload as a typed tree: `flatten` to `PayloadEntry` nodes, `rebuild` back, exactly;
+torch is imported only when a tensor is met, and nothing here knows MiniCPM-o or Kafka.
+The tree on the wire: docs/wire-format.md."""
 
 from __future__ import annotations
 
@@ -84,7 +74,10 @@ def _items(value: Any) -> list[tuple[str, Any]] | None:
 
 
 def plain(payload: Any) -> Any:
-    """The payload with every mapping-like node a dict (see the module docstring)."""
+    """The payload with every mapping-like node a dict, as vllm-omni's own serializer makes
+    them: a msgspec Struct (vllm-omni's `OmniPayloadStruct`) without the fields msgspec's
+    encoding leaves out (those holding their default when the struct type says
+    `omit_defaults`), a dataclass with every field, any Mapping with its items."""
     items = _items(payload)
     if items is not None:
         return {key: plain(item) for key, item in items}
@@ -207,7 +200,10 @@ def _no_backing(_path: Path, _value: Any) -> PayloadEntry | None:
 
 
 def flatten(payload: Any, backed: Backing = _no_backing) -> tuple[PayloadEntry, ...]:
-    """The payload tree in pre-order; `backed` names the nodes another record carries."""
+    """The payload tree in pre-order; `backed` names the nodes another record carries. A
+    payload (what a vllm-omni stage input processor returns and an OmniConnector moves) is a
+    tree of containers (dicts, lists, tuples) whose leaves are None, bool, int, float, str,
+    bytes, torch tensors or numpy arrays; array data is little-endian, C order."""
     out: list[PayloadEntry] = []
     _flatten(payload, (), out, backed)
     return tuple(out)
@@ -241,7 +237,9 @@ def _unresolved(entry: PayloadEntry) -> Any:
 
 
 def rebuild(entries: Sequence[PayloadEntry], resolve: Resolver = _unresolved) -> Any:
-    """The payload tree described by `entries` (pre-order); `resolve` gives `source` values."""
+    """The payload tree described by `entries` (pre-order); `resolve` gives `source` values.
+    The same keys in the same order, the same container types, tensors with the same dtype and
+    shape (on the CPU)."""
     if not entries or entries[0].path != ():
         raise PayloadError("an envelope starts with its root node")
     value, end = _read(entries, 0, resolve)

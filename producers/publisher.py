@@ -1,21 +1,5 @@
 """The durable talker side: an idempotent Kafka publisher of codec chunks and control events.
-
-`ChunkPublisher` writes codec chunks and control events to the chunk topic, keyed by the
-external request id, with the guarantees the consumer relies on:
-
-- `enable.idempotence=true` (so acks=all, retries, at most 5 in flight, per-partition order):
-  a broker restart or a lost ack costs a retry, never a duplicate or a reordering;
-- `partitioner=murmur2_random`, the Java client's hash, so a talker written in another language
-  puts the same request on the same partition;
-- no compression, small `linger.ms` (1 ms by default: live audio waits for nobody);
-- every delivery report is checked: a record that cannot be delivered is counted, kept in
-  `failures` and handed to `on_failure`; nothing is dropped silently;
-- a full local queue is back-pressure: poll and retry until a deadline, then
-  `PublishBackpressureError`.
-
-The per-step `Talker` (windowing + publishing to any sink) lives in
-`codeclog.producers.talker`, which imports no Kafka client.
-"""
+Its guarantees: docs/talker.md, "Publishing"."""
 
 from __future__ import annotations
 

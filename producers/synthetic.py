@@ -1,20 +1,5 @@
 """A seeded synthetic duplex talker: per-session step scripts, and a loop that plays them.
-
-`session_script(config, index)` is a pure function of (config, index): the same seed gives the
-same sessions, step for step, on any machine (the RNG is `random.Random` seeded by a string,
-which does not depend on hash randomisation). Each session is one duplex request
-`s{seed}-{index:04d}` speaking turns of `min_turn_s`..`max_turn_s` seconds, one codec id per
-40 ms step (25 frames/s), in units (segments) that end with a flush. Some units are shorter than
-the 5-frame minimum body (held by the windowing), some turns are cut by a barge-in (the talker
-request is aborted and re-admitted under a new internal id: the session's duplex epoch and the
-stream's cache epoch both advance), some sessions are aborted outright.
-
-`play(...)` is the publishing loop: it merges the sessions on their common timeline and feeds
-each step to a sink (normally `Talker.apply`), in real time or as fast as possible. The clock,
-the sleep and the wall clock are parameters. In real time every session steps on the same 40 ms
-grid by default (one talker replica batching its sessions: a burst every frame); with `phases`
-the sessions step on their own frame clocks, spread over the frame (`due_s`).
-"""
+Reasons: docs/talker.md, "The synthetic duplex talker"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The per-step talker API: windowing + publishing, for any number of concurrent requests.
-
-`Talker` runs the pure windowing (`producers.windowing`) per request and hands what it returns
-to a `RecordSink` (normally `producers.publisher.ChunkPublisher`). It imports nothing from
-vllm and no Kafka client, so a vllm-omni stage input processor, a test or a replay tool can use
-it without confluent-kafka.
-"""
+"""The per-step talker API: windowing + publishing, for any number of concurrent requests; it
+imports nothing from vllm and no Kafka client (docs/talker.md, "Windowing")."""
 
 from __future__ import annotations
 

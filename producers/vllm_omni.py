@@ -1,25 +1,5 @@
-"""The talker hook for vllm-omni: a stage input processor that publishes to Kafka.
-
-`tts2code2wav_kafka` has the signature of the upstream `tts2code2wav_async_chunk` (MiniCPM-o 4.5)
-and is configured in its place (`custom_process_next_stage_input_func`, docs/vllm-omni.md,
-"Mode 2"). It windows the talker's codec ids exactly as the upstream producer does
-(`producers.windowing`), publishes the records with `ChunkPublisher` and returns None: nothing
-goes over the in-process connector, Code2Wav (`codeclog vocode`) reads Kafka.
-
-The failure rule: the hook never raises (the upstream adapter would log and silently drop the
-chunk). A chunk that cannot be published or delivered (the publisher's bounded queue and its
-delivery timeout ride out a leader election or a short outage; past them each record is
-reported by request id) fails its request, never leaves a silent gap:
-
-- logged, counted in `failures_by_request` (and `failed_requests`), kept in the publisher's
-  `failures`;
-- nothing more of that request is published (its later steps are counted in `dropped_steps`);
-- an ABORT control event for it is published, so the consumer frees the stream instead of
-  waiting for chunks that will never come. It waits in the publisher's queue until the cluster
-  is back; if it cannot be delivered either, it is published again on a later step.
-
-Nothing here imports vllm or torch: tensors are read through `reshape`/`tolist`.
-"""
+"""The talker hook for vllm-omni: a stage input processor that publishes to Kafka and never raises.
+Its failure rule: docs/vllm-omni.md, "The talker hook"."""
 
 from __future__ import annotations
 

@@ -1,26 +1,5 @@
 """Upstream-compatible codec windowing: a pure `step(state, step_input)` per external request.
-
-This reproduces vllm-omni's `tts2code2wav_async_chunk` (MiniCPM-o 4.5, variant L), the stage
-input processor that turns the talker's per-step codec ids into Code2Wav payloads:
-
-- windows of `chunk_frames` (25) new ids behind `left_context_frames` (3) ids of left context;
-  the first window of a stream is opened by 3 silence ids (4218, a 120 ms pre-roll);
-- a flush (segment or request finished) emits every pending id; a final flush with nothing
-  pending re-sends the 3 held context ids (`code_flat_numel` 3) so the vocoder's lookahead tail
-  is decoded; a non-final flush with nothing to send is the `[0]` placeholder (numel 0);
-- native duplex holds units shorter than `min_stream_body_frames` (5): they are sent as the
-  `[0]` placeholder and their ids are prepended to the next unit;
-- `chunk_seq` counts every payload; `cache_epoch` is bumped after a duplex turn end (after the
-  terminal payload) and on re-admission (a new internal request id for the same external id);
-- an abort drops the accumulator and retires the internal id, whose later steps emit nothing.
-
-One deliberate difference: a duplicate duplex turn end emits nothing (variant D) where variant L
-sends an empty snapshot that carries no stream position; on a Kafka log such a record would only
-be noise, and the upstream Code2Wav treats it as a no-op anyway.
-
-State is one explicit frozen value per external request id. Nothing here reads a clock, draws
-random numbers or imports Kafka, Avro or torch: time comes in as `StepInput.now_ms`.
-"""
+The rules and the one deliberate difference: docs/talker.md, "Windowing"."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
 """Capture a topic (or some of its partitions and keys) from the log into a capture file.
-
-How it reads, and why:
-- A `read_committed` consumer with `assign()` and explicit start offsets: no group join, no
-  offset commits, so a capture never disturbs a consumer group. (confluent-kafka refuses a
-  consumer without `group.id`, and crashes on an empty one, so a name is always set.)
-- The end of each partition is its last stable offset (LSO) listed with READ_COMMITTED when the
-  capture starts, or `--until`, whichever is lower: records appended later are not captured.
-- The spans are drained by `replay.capture_drain.Drainer`: a partition is finished when the
-  consumer's position reaches its end offset (commit markers are never delivered).
-- Offsets are recorded as observed; aborted records are invisible to read_committed and simply
-  absent. The request filter (`--request`) is applied after reading, by record key.
-"""
+How it reads, and why: docs/replay.md, "Capture"."""
 
 from __future__ import annotations
 

@@ -1,25 +1,5 @@
 """The blocks of a capture file: whole ones are read, a torn last one ends the capture, and any
-other that cannot be read is corrupt.
-
-An Avro object container file is a header (magic `Obj\\x01`, a metadata map, a 16-byte sync
-marker), then blocks: a record count, a byte size, that many bytes (the records, deflated),
-the sync marker again. The capture writer flushes whole blocks (`CaptureWriter.flush`), so a
-capture whose writer died ends inside its last block: that block is *torn*, the blocks before
-it are whole and are read, and `truncated` says so. A block is torn only when the file ends
-inside it and no sync marker follows its start: it really is the last one.
-
-Any other block that cannot be read is *corrupt*: a wrong sync marker, a size that runs past
-a sync marker that follows, a deflate stream that fails, stops short or is followed by bytes
-that are not its checksum, records that do not fill the block exactly. `CorruptBlockError`
-names it (its number, from 1, and its byte offset). A reader asked to skip such blocks resumes
-after the next sync marker instead and lists what it skipped in `skipped`.
-
-Deflate in Avro carries no checksum of its own; fastavro's writer (codeclog's) leaves the first
-three bytes of zlib's Adler-32 after each stream, and they are checked when present, so a flipped
-bit in a capture codeclog wrote is found here. Damage that still inflates to well-formed
-records in a file without them cannot be seen; the pipeline then dead-letters what does not
-decode.
-"""
+other that cannot be read is corrupt (docs/replay.md, "The capture file")."""
 
 from __future__ import annotations
 

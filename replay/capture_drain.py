@@ -1,13 +1,5 @@
 """The capture's drain loop: consume the assigned spans of a topic into a capture writer.
-
-- A partition is finished when the consumer's `position()` reaches its end offset, NOT when a
-  record with offset end - 1 arrives: on a transactional topic the last offsets before the LSO are
-  commit/abort markers (transaction control records) that the consumer never delivers.
-- Records appended after the capture started (offset >= the span's end) are skipped; each
-  consumed batch is one flushed file block, so a crash loses at most that batch.
-- No partition advancing for `idle_timeout_s` is a `CaptureError`; a refusal by the authorizer
-  is `ReadRefused`, which `replay.capture.run_capture` turns into the error naming the ACL.
-"""
+Reasons: docs/replay.md, "Capture"."""
 
 from __future__ import annotations
 

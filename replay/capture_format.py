@@ -1,18 +1,5 @@
 """The capture file: an Avro object container file (OCF) with one record per Kafka record.
-
-Layout (the Avro specification's object container files): magic `Obj\\x01`, a metadata map (the
-Avro schema and codec plus the `capture.*`, `codeclog.*`, `kafka.*` and `client.*` keys of
-`CaptureMetadata`), a sync marker, then deflate blocks. Each record keeps the value bytes exactly
-as consumed, so a replay decodes what the live consumer decoded, and the position (partition,
-offset) exactly as observed: offsets on a transactional topic are not contiguous (commit markers,
-aborted records), so nothing here assumes they are.
-
-The writer ends a block on every `flush()`; since every block ends with the sync marker, a capture
-that crashed stays readable up to its last flushed block (`CaptureReader.truncated` tells). A
-block that cannot be read anywhere else is corrupt, an error naming it (`replay.capture_blocks`).
-The reader accepts only this schema (the same fields and types) and a header whose every value
-has the type it should: anything else is one `CaptureFormatError` naming what is wrong.
-"""
+Its layout: docs/replay.md, "The capture file"."""
 
 from __future__ import annotations
 

@@ -1,22 +1,5 @@
 """A capture read as columns: its blocks read whole, the records walked with numpy.
-
-`read_capture` builds a `CapturedRecord` per record through fastavro's reader (about 15 us a
-record); a state-only replay needs only each record's partition, offset, key and value bytes.
-`read_table` keeps the decompressed blocks as one buffer and finds every record in it:
-
-1. `capture_format.read_header` reads the header and `capture_blocks.BlockReader` the blocks
-   (inflated), with the rules of `CaptureReader` (a torn last block ends the capture,
-   `truncated`; a corrupt one is an error, or skipped on request, `skipped`);
-2. the records of a block follow each other, and each starts with its topic: every place the
-   first record's topic (length + bytes) occurs is a candidate start. All candidates are
-   walked at once (`codeclog.schemas.avro_walk.walk`, canonical encoding only), and from each
-   block's start the chain record end -> next record start is followed; it must take exactly
-   the block's record count to reach exactly the block's end.
-
-Anything the walk cannot prove (another topic, headers, a non-canonical encoding, invalid
-UTF-8, trailing bytes in a block) makes `read_table` return None and the caller reads the
-capture the old way, so a table always holds what `read_capture` would have returned.
-"""
+Reasons: docs/replay.md, "State-only replay"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """The first divergence per request between two captures or two replay reports.
-
-Captures are compared per request (record key) as sequences of values in log order: offsets and
-partitions are positions, not content (a republished capture has new offsets), so they are shown,
-not compared. Reports are compared on the stage verdict, then per request on status, outcomes (in
-order) and audio digests.
-"""
+What is compared: docs/replay.md, "Diff"."""
 
 from __future__ import annotations
 

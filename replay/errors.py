@@ -1,7 +1,4 @@
-"""Errors of the capture and replay tools. All derive from `codeclog.errors.CodeclogError`;
-the user's to fix (an invalid input file, a bad option) are UsageErrors too: exit 2, the same
-for `replay`, `diff` and `capture` (README, "Exit codes"). An unreadable file is a
-`codeclog.user_files.UserFileError`."""
+"""Errors of the capture and replay tools (docs/replay.md; exit codes: README, "Exit codes")."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
 """State-only replay of a capture table: the pipeline's decisions without the pipeline.
-
-Without a vocoder, what `AudioPipeline.step` does with a record is: wire-decode it (a failure
-or a record that is not an event is an `undecodable_record` dead letter), check its key against
-the request id (`key_mismatch`), fold it into its partition's state (one state for every
-partition under strict) and add the outcomes to the report; each reject is a dead letter. The
-decode windows only count, the vocoder rounds do nothing. This module does exactly that, with
-the fold's own `fold` and `ReportBuilder`; only the values are decoded differently: in bulk
-(`schemas.columnar`, equal to `wire.decode` of each). `replay.runner.replay` gives the same
-report and dead-letter reasons either way (tests/replay/test_replay_fast.py runs both).
-"""
+Reasons: docs/replay.md, "State-only replay"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """Replay inputs: a capture file (OCF) or a JSONL scenario, told apart by the `Obj\\x01` magic.
-
-An input is opened once and read from that one file object, so a pipe works
-(`codeclog report <(zcat incident.ocf.gz)`): a regular file is read in place; a pipe is read
-into memory, up to `MAX_PIPE_BYTES`; anything else (a terminal, /dev/zero, a socket) is refused,
-since reading it might never end. Every error names the input.
-"""
+Reasons: docs/replay.md, "Replay"."""
 
 from __future__ import annotations
 

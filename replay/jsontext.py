@@ -1,13 +1,5 @@
 """`json.dumps(value, sort_keys=True, indent=1, ensure_ascii=False)`, byte for byte, faster.
-
-With an indent, the standard library encodes with its pure-Python generator encoder: about
-14 us per value, 0.4 s for the report of a 1,000-session replay (more than the replay itself).
-This writer makes the same text for the values a report holds (dicts with str keys, lists,
-tuples, str, int, float, bool, None) with one list of parts and the C string encoder, about
-2.5x faster. Anything else (another key type, a subclass, a type json would reject or convert)
-is handed to `json.dumps` itself, so the output is always exactly its output.
-tests/replay/test_jsontext.py checks the equality with hypothesis.
-"""
+Reasons: docs/replay.md, "Replay"."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
 """Republish a capture into a live topic: same keys, values and headers, order per key kept.
-
-Order per key holds because records are produced in per-partition offset order, every key lives
-in one source partition, the murmur2_random partitioner (the Java client's default hash) sends a
-key to one target partition, and the idempotent producer keeps per-partition order across retries.
-Record timestamps are new by default: old CreateTimes would make retention delete the records at
-once; `keep_timestamps` reuses them for time-based experiments.
-"""
+Why the order holds: docs/replay.md, "Republish"."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
 """Replay a capture or a scenario offline: the same fold (and vocoder) as the live consumer.
-
-Determinism: the input is fed in log order (per partition, by offset), in steps of a fixed number
-of records, so batch membership (which the GPU's bitwise output can depend on,
-docs/determinism.md) is the same on every run; nothing in the report comes from the clock, and
-the JSON is written with sorted keys. Same input, same codeclog version: byte-identical report and
-audio.
-"""
+Determinism: docs/replay.md, "Replay"."""
 
 from __future__ import annotations
 

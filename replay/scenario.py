@@ -1,14 +1,5 @@
 """Human-readable captures: one JSON object per line, in arrival order (tests/data/scenarios/).
-
-A line is a codec chunk (the CodecChunk field names; a missing field takes the upstream default,
-which is how a capture that lost the producer metadata looks: `{"request_id": "b", "codes": [0]}`),
-a control event (`{"control": "abort" | "finish", "request_id": ...}`), or a comment
-(`{"comment": "..."}`, ignored; a `comment` key on any other line is ignored too). Blank lines are
-skipped. Anything else raises `ScenarioError` naming the file and line.
-
-Byte fields are written readably: `llm_output_text_utf8` as a string (stored UTF-8 encoded) or a
-list of byte values; `ref_audio` as a list of float samples (stored float32 little-endian).
-"""
+The lines: docs/replay.md, "Replay"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """Synthetic captures without a broker: events laid out as a topic would hold them.
-
-Used by the tests and bench/bench_replay.py. Each key goes to one partition (a stable CRC-32 of
-the key, standing in for the producer's partitioner), offsets grow per partition, and a
-transactional layout leaves a one-offset gap after every `txn_records` records, where the
-commit marker of a transactional producer would sit.
-"""
+How: docs/replay.md, "Synthetic captures"."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
 """The columnar Avro walker: many Avro bodies in one byte buffer, read field by field for all
-rows at once, vectorised with numpy.
-
-A flat record schema becomes a walk plan (`plan_of`); `walk` reads every row's fields into
-`Column`s and says which rows it read exactly (`Walk.ok`); `take`, `blobs` and `with_nulls`
-read the columns back as Python values. The walker knows Avro, not codeclog's records or
-framing: `schemas.columnar` decodes SOE values with it, `replay.columns` a capture's blocks.
-
-Exactness is the contract, so the walker accepts only what it can prove it reads exactly as
-fastavro does: the canonical encoding (shortest varints, booleans 0/1, union branches 0/1,
-arrays as one block and a 0 terminator, in-range enum indexes, ints within int32) ending
-exactly at the row's end (with `exact`); any other row is not ok, and its caller reads it
-another way.
-"""
+rows at once, vectorised with numpy. Exactness: docs/wire-format.md, "Bulk decoding"."""
 
 from __future__ import annotations
 

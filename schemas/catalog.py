@@ -1,13 +1,5 @@
 """The shipped schema versions: the `<name>.v<N>.avsc` files in `schemas/avro/`, one catalog.
-
-`registry()` loads, checks and indexes them once per process: each record type has versions
-1..N, the latest has exactly its record's fields and enum symbols, no two files share a
-fingerprint. Each `SchemaVersion` carries what the codec (`schemas.wire`) needs of it: its
-CRC-64-AVRO fingerprint of the Parsing Canonical Form, the parsed schema, the record <-> Avro
-mapping of its type (`RecordMapping`) and the exact value checks derived from its field types.
-docs/wire-format.md has the evolution rules; `python -m codeclog.schemas.catalog` prints the
-fingerprint table.
-"""
+Reasons: docs/wire-format.md, "Evolution rules"."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
 """Bulk wire decode: many SOE values at once (numpy), exactly what `wire.decode` gives each one.
-
-`wire.decode` costs tens of microseconds a value in fastavro's reader and the Python around it;
-a replay of a large capture decodes every value. Here the values sit in one byte buffer: the
-rows framed with the fingerprint of a latest schema the walker can read are walked field by
-field for all rows at once (`schemas.avro_walk`), and their records built column by column as
-`RecordMapping.build` builds one.
-
-Exactness is the contract: the walker accepts only the canonical encoding, and a string must
-be valid UTF-8. Any other row, malformed or merely unusual (an older writer schema, a
-multi-block array), goes through `wire.decode` itself, which gives the record or the exact
-`DecodeError`. tests/schemas/test_wire_columnar.py checks the equivalence with hypothesis on
-valid, mutated, truncated and extended values.
-"""
+Reasons: docs/wire-format.md, "Bulk decoding"."""
 
 from __future__ import annotations
 

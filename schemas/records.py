@@ -1,13 +1,6 @@
-"""Typed, frozen records of the codeclog wire contract.
-
-These are plain value objects (identity fields first). The wire form (Avro single-object
-encoding) is a separate concern in `schemas.wire`; this module imports nothing but the standard
-library so the fold, the talker and the replay tool can all use it.
-
-Field defaults equal the defaults the upstream MiniCPM-o 4.5 Code2Wav substitutes for a missing
-producer field (see docs/fold-contract.md), so a record captured from a system that stripped
-metadata decodes to exactly what the upstream would have seen.
-"""
+"""Typed, frozen records of the codeclog wire contract: plain value objects, standard library only
+(the wire form is `schemas.wire`), their defaults the upstream Code2Wav's for a missing field
+(docs/fold-contract.md, "Terms")."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""The wire form of the codeclog records: Avro single-object encoding (SOE).
-
-Every Kafka value codeclog writes is `C3 01` + the 8-byte little-endian CRC-64-AVRO fingerprint
-of the writer schema's Parsing Canonical Form + the fastavro schemaless binary body. No schema
-registry is needed: the fingerprint names one of the versioned `.avsc` files shipped in
-`schemas/avro/` (`<name>.v<N>.avsc`), and a reader resolves any known version into the latest
-version of that record type, so producers and consumers can be upgraded in either order
-(docs/wire-format.md has the evolution rules). The shipped versions, their fingerprints and
-their record mappings are `schemas.catalog`.
-
-`encode` refuses invalid records with `EncodeError`. `decode` is total: any input either yields a
-frozen record or raises exactly `DecodeError` carrying the raw bytes, so a consumer can
-dead-letter the record whole and carry on.
-"""
+"""The wire form of the codeclog records: Avro single-object encoding (SOE); `decode` is total.
+Reasons: docs/wire-format.md."""
 
 from __future__ import annotations
 

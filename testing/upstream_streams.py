@@ -1,20 +1,5 @@
 """Seeded, upstream-like codec streams for the fold's tests and benchmark (not used at run time).
-
-An independent, compact model of the talker's windowing (`tts2code2wav_async_chunk`,
-docs/minicpmo45-transport sections 1.4-1.5), so the fold is tested against the producer's
-behaviour rather than against itself:
-
-- windows of `chunk_frames` (25) new ids behind the last `left_context_frames` (3) ids of the
-  previous window; the first window is opened by 3 silence ids (4218) unless `preroll` is off,
-  and may carry `initial_frames` new ids (variant D's `initial_codec_chunk_frames`);
-- a unit flush emits every pending id (`tts_is_last_chunk`); a flush with nothing pending, or a
-  unit shorter than `min_unit_frames` (then kept pending), is the `[0]` placeholder, numel 0;
-- the stream end emits the pending ids (a short final), else re-sends the held context ids
-  (the exact-boundary final, numel 3), else the `[0]` terminal sentinel;
-- `chunk_seq` counts every payload, including placeholders.
-
-Randomness is a parameter (`random.Random`), never global.
-"""
+The model: docs/talker.md, "The fold's test streams"."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""`codeclog broker start|stop|status|fetch|kill|pause|resume|restart|net`: the local Kafka
-broker (one node by default) or a local cluster of N nodes (`start --nodes 3`), whose links can
-fail when started `--faultable` (`net`). The tables `status` and `net` print are in
-codeclog.cli.broker_tables."""
+"""`codeclog broker start|stop|status|fetch|kill|pause|resume|restart|net`: the local Kafka broker,
+or a local cluster of N nodes (`start --nodes 3`) whose links can fail when started `--faultable`
+(`net`). The tables `status` and `net` print are in codeclog.cli.broker_tables."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The member's consumer: what comes in, and when.
-
-`poll` takes up to `max_records` records without waiting for a full batch. `decode` runs a
-step's decode on a worker thread while this thread keeps polling: records that arrive meanwhile
-become the next batch, rebalance callbacks run at once (they wait for the decode and void the
-step), and the group sees a live member however long the device works. Once a whole next batch
-waits, the decoder is saturated: the assignment is paused until the step ends, then what is
-still ours resumes. The rebalance callbacks hand the partitions to the member's hooks
-(`Hooks.assigned`, `Hooks.revoked`) after the decode in flight ended.
-"""
+"""The member's consumer: what comes in, and when (poll, decode while polling, pause, rebalances).
+Reasons: docs/operating.md, "A step and its transaction"."""
 
 from __future__ import annotations
 
@@ -40,7 +32,8 @@ Decoded = TypeVar("Decoded")  # what a step hands back from the decode thread
 
 
 class Hooks(Protocol):
-    """What the member does when partitions come and go (never raising into librdkafka)."""
+    """What the member does when partitions come and go (never raising into librdkafka): the
+    rebalance callbacks hand the partitions over once the decode in flight ended."""
 
     def assigned(self, partitions: list[TopicPartition]) -> None: ...
 

@@ -1,17 +1,5 @@
-"""The live copy: every decoded window written at once to the live topic, outside any
-transaction, so that a speculative listener hears it at the speed of the log
-(docs/listening.md, "Two copies of every window").
-
-The step's transaction stays the durable, exactly-once copy (recovery, `verify` and the
-committed listener read only that one). The live copy is best effort and never holds the member
-up: `write` only queues records on an idempotent producer (no transaction, one producer id per
-member incarnation) and returns; a record that cannot be queued (the local queue is full) is
-dropped, one that is not acknowledged within LIVE_TIMEOUT_MS is given up; both are counted, and a
-speculative listener then plays the committed copy when it arrives. What makes a second copy
-harmless is that decoding is deterministic and replay-exact: a window written live by a step
-whose transaction then aborts, or by a member fenced meanwhile, is re-decoded from the committed
-input to the same (request, epoch, window index) with the same bytes.
-"""
+"""The live copy: every decoded window written at once to the live topic, outside any transaction,
+best effort. Reasons: docs/listening.md, "Two copies of every window"."""
 
 from __future__ import annotations
 
@@ -35,7 +23,8 @@ LIVE_TIMEOUT_MS = 5_000
 
 def live_producer_config(client_config: dict[str, str]) -> dict[str, Any]:
     """The live copy's producer: idempotent (no duplicates from its own retries, order kept per
-    partition), no transaction, the same partitioner and linger as the transactional one."""
+    partition; one producer id per member incarnation), no transaction, the same partitioner
+    and linger as the transactional one."""
     config = client_settings(client_config)
     config.update(
         {

@@ -1,12 +1,5 @@
 """How long the member has been failing: the clock behind `outage_timeout_s`.
-
-The clock runs from the first failure since the last commit; a failure long after the previous
-one (an idle member that commits nothing) starts it again. Past the limit the member gives up
-(InfrastructureError: exit 1; the next member resumes from the committed offsets). A recovery
-that waits for a transaction left open (OpenTransactionError: a member killed mid-transaction)
-waits at least `open_transaction_s`, the time the coordinator takes to abort it: the cluster
-answers, and giving up sooner only hands the same wait to the next member.
-"""
+Reasons: docs/operating.md, "Liveness bounds"."""
 
 from __future__ import annotations
 
@@ -38,7 +31,12 @@ class OutageClock:
         self.failing_since = None
 
     def failed(self, exc: BaseException) -> None:
-        """Count a failure; InfrastructureError once failing longer than the limit."""
+        """Count a failure; InfrastructureError (exit 1: the next member resumes from the
+        committed offsets) once failing longer than the limit. The clock runs from the first
+        failure since the last commit; a failure long after the previous one (an idle member
+        that commits nothing) starts it again. A recovery that waits for a transaction left
+        open (OpenTransactionError: a member killed mid-transaction) waits at least
+        `open_transaction_s`, the time the coordinator takes to abort it."""
         now = self._clock()
         quiet_since = self._last_failure_at
         if quiet_since is not None and now - quiet_since > self.limit_s:

@@ -1,10 +1,5 @@
-"""The progress topic: what each transaction writes there, and how a member reads it back.
-
-Each step's transaction writes, per touched request, a small StreamCheckpoint to the compacted
-progress topic, in the partition numbered like the input partition: the fold state
-(export_request), whether the stream is open, and the input offset where its current epoch
-started. Recovery (consumers/member/recovery.py) reads the newest checkpoint of each request back.
-"""
+"""The progress topic: what each transaction writes there (a StreamCheckpoint per touched request),
+and how a member reads it back. Reasons: docs/operating.md, "How recovery works"."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
 """Recovery: the state of newly assigned partitions, rebuilt from the log (docs/operating.md,
-"How recovery works").
-
-Vocoder state (hundreds of MB per stream on the real model) is never snapshotted. When a
-partition is assigned (start, restart after SIGKILL, rebalance, or a rewind after a failed
-transaction), the member reads that partition's progress checkpoints (consumers/member/progress.py),
-restores the fold state of every request, and for each open stream re-reads the input from the
-start of its epoch up to the committed offset, decoding without emitting (event sourcing) to
-rebuild the vocoder state. Decoding is deterministic, so the windows after the committed offset
-are byte-identical to an uninterrupted run (within one determinism domain).
-"""
+"How recovery works")."""
 
 from __future__ import annotations
 

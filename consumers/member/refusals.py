@@ -1,9 +1,5 @@
-"""What an authorisation refusal means for this member, and that it ends the member.
-
-A refused login or ACL is a configuration error (exit 2, docs/security.md, "Refusals"): no
-retry helps, and the message names the principal, the operation and the resource
-(`codeclog.kafka.access`).
-"""
+"""What an authorisation refusal means for this member, and that it ends the member (exit 2:
+docs/security.md, "Refusals")."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""The Code2Wav consumer service: a consumer-group member that polls, decodes and commits.
-
-One step = up to `max_records` records from the intake (consumers/member/intake.py), the shared
-AudioPipeline (fold + batched vocoder decode) on a worker thread while the intake keeps
-polling, then its windows written at once to the live topic (consumers/member/live.py) and the
-step queued for a Kafka transaction (consumers/member/transaction.py), written in the
-background with the steps queued beside it, that carries what the step writes
-(consumers/member/step_writes.py: audio, dead letters, a checkpoint per touched request) and the
-consumed offsets. Partitions that arrive are restored by consumers/member/recovery.py; a failed
-transaction rewinds to the committed offsets and restores every assigned partition the same
-way. The member raises what ends it (the command line prints it and exits).
-"""
+"""The Code2Wav consumer service: a consumer-group member that polls, decodes and commits, and
+raises what ends it. Reasons: docs/operating.md, "A step and its transaction"."""
 
 from __future__ import annotations
 

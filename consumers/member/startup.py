@@ -1,10 +1,5 @@
-"""What the member learns from the cluster once, at start.
-
-One metadata request first: an unreachable cluster is one error, not a minute of librdkafka
-retries. It also says how many partitions the chunk topic has (the open-stream limit is a count
-per partition, consumers/stream/limit.py), how large a dead letter may be (the dead-letter
-topic's max.message.bytes) and whether the live topic exists.
-"""
+"""What the member learns from the cluster once, at start (`cluster_facts`).
+Reasons: docs/operating.md, "Liveness bounds"."""
 
 from __future__ import annotations
 
@@ -39,7 +34,11 @@ class ClusterFacts:
 def cluster_facts(
     client_config: dict[str, str], topics: TopicsConfig, timeout_s: float
 ) -> ClusterFacts:
-    """InfrastructureError (exit 1) when the cluster does not answer within `timeout_s`."""
+    """InfrastructureError (exit 1) when the cluster does not answer within `timeout_s`. One
+    metadata request first, so an unreachable cluster is one error, not a minute of librdkafka
+    retries; it also says how many partitions the chunk topic has (the open-stream limit is a
+    count per partition, consumers/stream/limit.py), how large a dead letter may be (the
+    dead-letter topic's max.message.bytes) and whether the live topic exists."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(client_settings(client_config))

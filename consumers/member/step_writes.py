@@ -1,14 +1,5 @@
-"""What one step writes: pure functions from the step's output to its records, so the
-transaction code and the live writer only write (consumers/member/transaction.py, live.py).
-
-A step's audio records are built once (`audio_records`) and written twice: at once to the live
-topic, outside any transaction (`live_writes`), and in the step's transaction to the audio topic.
-The transaction carries, in this order: the audio chunks (keyed by request), the dead letters
-(keyed by request, "" when the record had none), and one checkpoint per request the step touched
-(keyed by group and request, into the progress partition numbered like the input partition).
-The consumed offsets travel with them (`send_offsets`), outside these lists. Steps that queue
-while a transaction is written go into the next one together (`merged`).
-"""
+"""What one step writes: pure functions from the step's output to its records, so the transaction
+code and the live writer only write. Reasons: docs/operating.md, "A step and its transaction"."""
 
 from __future__ import annotations
 
@@ -77,7 +68,11 @@ def step_writes(
     group: str,
 ) -> tuple[list[OutputRecord], list[OutputRecord]]:
     """(records, checkpoints) of the step that made `out` and its encoded `audio`, with its
-    checkpoints (checkpoint, partition)."""
+    checkpoints (checkpoint, partition). In this order: the audio chunks (keyed by request),
+    the dead letters (keyed by request, "" when the record had none), and one checkpoint per
+    request the step touched (keyed by group and request, into the progress partition numbered
+    like the input partition). The consumed offsets travel with them (`send_offsets`), outside
+    these lists."""
     records = [OutputRecord(topics.audio, a.key, a.value) for a in audio]
     records += [
         OutputRecord(topics.dlq, d.request_id or "", wire.encode(d)) for d in out.dead_letters

@@ -1,15 +1,5 @@
 """The calls stuck inside librdkafka, and the producers given up on with them.
-
-Every call on the transactional producer is bounded (kafka.calls.bounded); one still running
-past its bound is stuck, and it stays inside the producer: destroying a handle with a call
-still inside librdkafka can block. So a producer the member replaces is given up on together
-with the calls stuck inside it (`give_up`) and destroyed, purged, flushed and closed on a
-daemon thread (`close_retired`), only once none of them is running any more (`reap`): a member
-that rides out a fault every few minutes keeps no handle, thread or socket per fault (issue
-43's soak: +14 threads and +26 fds after two stuck producers). Such a call can outlive its
-timeout by minutes or for good (librdkafka #5456, #5511): more than `limit` producers given up
-on with a call still inside end the member (`too_many`), whose restart releases them.
-"""
+Reasons: docs/operating.md, "Liveness bounds"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""What the member counts of its steps: the totals it ends with, and each step's metrics.
-
-`StepTally.queued` runs on the member's thread once a step is queued for its transaction: the
-open streams, the streams evicted, and the fold state's size and the requests it remembers, at
-most every FOLD_GAUGES_EVERY_S (the estimate walks every request it remembers).
-`StepTally.committed` runs on the commit thread once the step's transaction committed: the
-step's Prometheus figures (`metrics.observe_step`) and the totals (`totals`, what `codeclog
-vocode` reports when it ends).
-"""
+"""What the member counts of its steps: the totals it ends with, and each step's metrics."""
 
 from __future__ import annotations
 
@@ -36,7 +28,9 @@ class StepTally:
         self.totals["void_steps"] += 1
 
     def queued(self, out: StepOutput, pipeline: AudioPipeline) -> None:
-        """The step that made `out` is queued: the pipeline's gauges and its evictions."""
+        """On the member's thread, once the step that made `out` is queued for its
+        transaction: the pipeline's gauges (the open streams; the fold state's size and the
+        requests it remembers) and its evictions."""
         self.metrics.open_streams.set(pipeline.open_streams())
         self._fold_gauges(pipeline)
         for cause, count in out.evictions.items():
@@ -53,7 +47,9 @@ class StepTally:
         self.metrics.fold_requests.set(pipeline.remembered_requests())
 
     def committed(self, out: StepOutput, step_s: float) -> None:
-        """On the commit thread, after the step's transaction committed."""
+        """On the commit thread, after the step's transaction committed: the step's Prometheus
+        figures (`metrics.observe_step`) and the totals (`totals`, what `codeclog vocode`
+        reports when it ends)."""
         observe_step(self.metrics, out, self._clock_ms())
         for name, count in (
             ("records", out.records),

@@ -1,29 +1,6 @@
-"""The transaction boundary: the steps' transactions, strictly one after another, written off the
-member's path.
-
-The member talks to it only through `TransactionBoundary` (consumers/member/boundary.py);
-`Transactions` is its one implementation. Queued steps are written by the one thread of a
-`TransactionWriter` (consumers/member/transaction_queue.py), all that queued meanwhile in one
-transaction; the producer's settings are in consumers/member/producer_config.py.
-
-A transaction carries its steps' audio chunks, dead letters, the newest checkpoint of each
-touched request and the consumed offsets (`send_offsets_to_transaction`): everything of its
-steps is visible to read_committed readers together, or none of it. A crash before the commit
-aborts it all; a crash after it loses nothing.
-
-The member queues a step and goes on polling and decoding; a failed transaction is raised on
-the member's thread at its next `write_step` (or `await_commit`), and the member discards what
-it decoded since the last commit and rebuilds its state from the log.
-
-Failures: a call stuck past its timeout (`codeclog.kafka.calls.StuckCallError`) or a fatal
-producer error marks the producer wedged; `ensure_producer` replaces it with a new one under the
-same transactional id (init_transactions fences the old one and aborts its open transaction). The
-producer given up on is destroyed once no call is inside it (consumers/member/stuck_calls.py):
-at once after a fatal error, when the stuck call returns after a stuck one; until then it is
-`abandoned` (the command line then ends with os._exit), and more than MAX_ABANDONED of them end
-the member (InfrastructureError: its restart releases them). Being fenced by another member
-ends this one (InfrastructureError).
-"""
+"""The transaction boundary's one implementation (`Transactions`, behind `TransactionBoundary`):
+the steps' transactions, one after another, off the member's path, and their failures.
+Reasons: docs/operating.md, "A step and its transaction" and "Liveness bounds"."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
 """The transactions in flight: steps queue, and one helper thread writes them, all that queued
-meanwhile in one transaction, while the member keeps polling and decoding.
-
-The member never waits for a transaction on its way from a record to its audio (the live copy,
-consumers/member/live.py, is written before the step is queued). Transactions still run strictly
-one after another, on one producer: the helper thread takes the whole queue, writes it as one
-transaction (`write`, with consumers.member.step_writes.merged) and commits it, then takes what
-queued meanwhile. A failure stops the thread and empties the queue (those steps are discarded:
-the member rewinds to the committed offsets and decodes them again); it is kept until the member
-takes it. Each call the thread makes is bounded (kafka.calls.bounded), so it always returns.
-
-At most `max_queued_bytes` wait (their values; at least one step): `submit` blocks beyond it, the
-member's back-pressure when the broker is slower than the decoder.
-"""
+meanwhile in one transaction. Reasons: docs/operating.md, "A step and its transaction"."""
 
 from __future__ import annotations
 
@@ -26,7 +14,8 @@ WriteTransaction = Callable[[Sequence[StepWrites]], None]
 
 
 class TransactionWriter:
-    """The queue of steps waiting for their transaction, and the one thread writing them."""
+    """The queue of steps waiting for their transaction, and the one thread writing them. Each
+    call the thread makes is bounded (kafka.calls.bounded), so it always returns."""
 
     def __init__(self, write: WriteTransaction, max_queued_bytes: int) -> None:
         self._write = write
@@ -46,7 +35,9 @@ class TransactionWriter:
 
     def submit(self, step: StepWrites, on_committed: Callable[[], None]) -> None:
         """Queue `step`; raise the failure of an earlier transaction instead (once: the step
-        is then discarded, and the member rewinds)."""
+        is then discarded, and the member rewinds). Blocks while `max_queued_bytes` of values
+        wait (at least one step is always taken): the member's back-pressure when the broker is
+        slower than the decoder."""
         with self._cond:
             while self._thread is not None and self._error is None and self._full():
                 self._cond.wait()

@@ -1,31 +1,5 @@
-"""The pure listener: decoded AudioChunks in, ordered de-duplicated deliveries out.
-
-`Assembler` yields `ListenerChunk`s per (request, epoch), in window order (window_index;
-sample_offset places the PCM), each window once, with a clear end of stream (`end == "final"` on
-the epoch's final window). A missing window is waited for until committed copies prove it was
-never written: a lost live copy is no gap. A later copy of a window is compared with the first
-(bytes within a determinism domain, the numeric bound of consumers.readers.audio_compare across
-domains), counted, and never played twice. A speculative listener gets two copies of every
-window (the live one, then the committed one, docs/listening.md) and more after a re-decode: the
-committed copy that matches the window played counts as its confirmation (`confirmed`), any
-other identical copy as a duplicate. consumers/readers/listener.py feeds it from Kafka. One
-stream's windows, in order and compared, are `consumers.readers.epoch_stream.EpochStream`; the
-Assembler keeps the streams.
-
-Memory is bounded (ListenerConfig): at most `max_open_streams` open streams (the least recently
-opened is ended with `end == "evicted"` beyond it), per stream at most `max_pending` windows
-held out of order and `max_pending` live copies of a newer epoch held until it ends, the PCM
-of the last `keep_pcm` delivered windows (for cross-domain comparison of later copies) and the
-digests of the last `keep_digests`; ended streams keep
-their digests only, in an LRU of `max_ended` (each request's newest epoch) and another of
-`max_ended` (epochs a newer one replaced: their committed copies can come after it began), each
-for `ended_ttl_s` after it ended or was replaced (a listener of named requests keeps its few for
-good): a listener runs for days and sees thousands of streams an hour, and a later copy of a
-window comes within a transaction's time, or from a re-decode within a member's outage timeout,
-not hours later. An open stream that no copy of any window came for in `idle_end_s` is ended
-(`end == "idle"`, `expire`): the audio topic carries no end for a request aborted or evicted
-upstream, and such streams would otherwise stay open, with their kept PCM, until the cap.
-"""
+"""The pure listener: decoded AudioChunks in, ordered de-duplicated deliveries out, memory bounded.
+Reasons: docs/listening.md; consumers/readers/listener.py feeds it from Kafka."""
 
 from __future__ import annotations
 
@@ -47,7 +21,16 @@ log = logging.getLogger("codeclog.listen")
 
 
 class Assembler:
-    """The pure listener: decoded audio chunks in, ordered de-duplicated deliveries out."""
+    """The pure listener: decoded audio chunks in, ordered de-duplicated deliveries out. It
+    keeps the streams, each an `EpochStream`, within ListenerConfig's bounds: at most
+    `max_open_streams` open (the least recently opened is ended `evicted` beyond it); per stream
+    `max_pending` windows held out of order and `max_pending` live copies of a newer epoch held
+    until it ends, the PCM of the last `keep_pcm` delivered windows and the digests of the last
+    `keep_digests`; ended streams keep their digests only, in an LRU of `max_ended` (each
+    request's newest epoch) and another of `max_ended` (epochs a newer one replaced), each for
+    `ended_ttl_s` after it ended or was replaced (a listener of named requests keeps its few for
+    good); an open stream no copy of any window came for in `idle_end_s` is ended
+    (`end == "idle"`, `expire`). Why: docs/listening.md."""
 
     def __init__(
         self,

@@ -1,14 +1,5 @@
 """Comparing two decodes of one audio window: bytewise within a determinism domain, by a
-documented numeric bound across domains.
-
-Two decodes in the same determinism domain (vocoder.domain) must be byte-identical: anything
-else is a real difference. Decodes in different domains (native kernels on two CPUs, a GPU and
-the portable CPU kernels) differ by float rounding noise only; they are accepted when every
-sample is within `max_abs_lsb` of the other and the window's SNR (expected energy over
-difference energy) is at least `min_snr_db`. The defaults sit well above the noise measured
-between domains (BENCHMARKS.md, "Issue 15") and far below what any real change to the audio
-does (a wrong window, a shifted sample, a missing frame: differences of hundreds of LSB).
-"""
+documented numeric bound across domains (docs/determinism.md, "verify's comparisons")."""
 
 from __future__ import annotations
 

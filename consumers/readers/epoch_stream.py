@@ -1,18 +1,5 @@
 """One (request, epoch) stream of the listener: its windows played in order, each once.
-
-`EpochStream.window` takes the first copy of a window: it is played when every window before
-it has been (`_drain`), or held (`pending`) behind a gap until committed copies prove the gap
-was never written (`_bound_pending`, `skip_gap`): a lost live copy is no gap. A later copy of a
-window (`later_copy`) is compared with the first (bytes within a determinism domain, the
-numeric bound of consumers.readers.audio_compare across domains), counted, and never played
-twice: the committed copy that matches the window played counts as its confirmation
-(`confirmed`), any other identical copy as a duplicate. Per stream at most `max_pending`
-windows are held, the PCM of the last `keep_pcm` played windows is kept for cross-domain
-comparison and the digests of the last `keep_digests`.
-
-`consumers.readers.assembler.Assembler` owns the streams: which are open, ended or replaced by
-a newer epoch, and when each ends.
-"""
+Reasons: docs/listening.md."""
 
 from __future__ import annotations
 
@@ -54,7 +41,18 @@ class Held:
 
 
 class EpochStream:
-    """One (request, epoch) stream: its windows played in order, each once (module docstring).
+    """One (request, epoch) stream: its windows played in order, each once.
+
+    `window` takes the first copy of a window: it is played when every window before it has
+    been (`_drain`), or held (`pending`) behind a gap until committed copies prove the gap was
+    never written (`_bound_pending`, `skip_gap`): a lost live copy is no gap. A later copy of a
+    window (`later_copy`) is compared with the first (bytes within a determinism domain, the
+    numeric bound of consumers.readers.audio_compare across domains), counted, and never played
+    twice: the committed copy that matches the window played counts as its confirmation
+    (`confirmed`), any other identical copy as a duplicate. At most `max_pending` windows are
+    held, the PCM of the last `keep_pcm` played windows is kept for cross-domain comparison and
+    the digests of the last `keep_digests`. The `Assembler` owns the streams: which are open,
+    ended or replaced by a newer epoch, and when each ends.
 
     `on_final` is told when the final window was played, before it is returned: the owner
     retires the stream (`release`) and keeps its digests for later copies."""

@@ -1,30 +1,6 @@
-"""A listener client for the audio: what a serving process embeds to stream a request's audio to
-its user as it is written.
-
-`AudioListener` follows the audio (assign(), no group commits) and yields `ListenerChunk`s: per
-(request, epoch), in window order (window_index; sample_offset places the PCM), each window
-once, with a clear end of stream (`end == "final"` on the epoch's final window).
-
-Isolation (docs/listening.md, "Two copies of every window"):
-- committed: the audio topic, read_committed. A window is seen once its step's transaction
-  committed; the service writes each window there exactly once, so every window arrives once.
-- speculative: the live topic (each window written by the member as soon as it is decoded,
-  outside any transaction) and the audio topic, both read by one consumer. The first copy of
-  each (request, epoch, window index) is played, usually the live one; the committed copy that
-  follows confirms it (`ListenerStats.confirmed`), or is played itself when the live copy never
-  came. Decoding is deterministic, so every copy of a window has the same bytes within a
-  determinism domain; later copies are compared (consumers.readers.audio_compare: bytes within
-  a domain, the numeric bound across domains), counted, and never played twice.
-
-Start: by default the listener first scans each partition up to its current end and records,
-per request, the newest epoch and the offset where its records begin; it then reads from there,
-so a listener started mid-stream catches up from the start of each request's current epoch
-(older epochs are skipped). `StartMode.BEGINNING` delivers every epoch on the log, `StartMode.END`
-only what is written after the start (omni.audio_return: requests that start later).
-
-The pure part, `Assembler` (consumers/readers/assembler.py: ordering, de-duplication and the
-memory bounds), takes decoded AudioChunks; `AudioListener` adds Kafka.
-"""
+"""A listener client for the audio (`AudioListener`, the Kafka side of the pure `Assembler`): what a
+serving process embeds to stream a request's audio to its user as it is written.
+Isolation and start: docs/listening.md, "Two copies of every window"."""
 
 from __future__ import annotations
 
@@ -132,7 +108,12 @@ class AudioListener:
         )
 
     def start(self) -> None:
-        """Find where to read from (see the module doc) and assign the partitions."""
+        """Find where to read from and assign the partitions. By default one scan of each
+        partition up to its current end records, per request, the newest epoch and the offset
+        where its records begin, and reading starts there, so a listener started mid-stream
+        catches up from the start of each request's current epoch (older epochs are skipped);
+        `StartMode.BEGINNING` delivers every epoch on the log, `StartMode.END` only what is
+        written after the start."""
         if self._consumer is not None:
             return
         consumer = self._factory(self._config())

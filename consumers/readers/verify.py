@@ -1,16 +1,5 @@
 """The operator's oracle: is the audio topic exactly the offline replay of the input topic?
-
-It reads every committed record of the audio topic and of the chunk topic, replays the chunks
-offline through the same AudioPipeline the consumer runs (same fold policy, same vocoder), and
-checks that every decode window appears exactly once on the audio topic. Every PCM payload is
-rehashed: a payload whose bytes do not match its own sha256 field is `corrupt`.
-
-Which comparison (consumers.readers.audio_compare): a window written in the replay's determinism
-domain must be byte-identical; a window written in another domain (another CPU's native kernels, a
-GPU) is byte-identical or within the numeric bound. The engine can be given as a factory of the
-domains found on the audio topic, so the caller can pick kernels that reproduce them (`codeclog
-verify --kernels auto`).
-"""
+Reasons: docs/operating.md, "verify: the oracle"; comparisons: docs/determinism.md."""
 
 from __future__ import annotations
 

@@ -1,24 +1,6 @@
-"""How many open streams one input partition may hold: the open-stream cap and the state
-budget turned into one count per partition, which the fold applies (rule C1a,
-docs/fold-contract.md).
-
-Why per partition: an eviction must be a function of the input alone, so that a live member, a
-member restarted from its checkpoints, `codeclog replay` and `codeclog verify` evict the same
-streams at the same input position. Each partition is folded on its own, in log order; a limit
-that depended on which partitions a member holds, or on how their records interleave in its
-polls, would not be. So both bounds are split evenly across the chunk topic's partitions:
-
-- `--max-open-streams N` bounds the whole group: at most N // P open streams per partition
-  (at least 1), so a member that holds every partition (after failovers) holds at most about N;
-- `--state-budget-mb B` bounds one member's vocoder memory: every open stream is charged the
-  peak size S of its state (`Code2WavEngine.peak_state_bytes`), B // S streams fit, B // S // P
-  per partition, so even a member holding every partition stays within B.
-
-The smaller of the two decides (its name labels the eviction metric). A budget that fits less
-than one stream per partition is a configuration error: nothing could ever be decoded.
-
-Pure arithmetic: no torch, no Kafka.
-"""
+"""How many open streams one input partition may hold: the open-stream cap and the state budget as
+one count per partition (rule C1a, docs/fold-contract.md). Pure arithmetic: no torch, no Kafka.
+Reasons: docs/operating.md, "Memory and bounds"."""
 
 from __future__ import annotations
 

@@ -1,24 +1,6 @@
-"""The one driver from input records to audio: wire decode, fold, batched vocoder decode.
-
-The live consumer (consumers.member.service), the offline replay (replay/) and `codeclog verify`
-all run this class, so live and offline audio come from the same code path. It does no I/O: the
-caller reads records and performs the effects (Kafka produce, files).
-
-A step takes a batch of records (in log order per partition) and returns audio chunks and dead
-letters. Decode windows of many requests are gathered and decoded in rounds: each round holds at
-most one window per request (a request's windows depend on each other through its vocoder
-state), so one `decode_batch` call serves every request that has a window in the step.
-
-Failure isolation: a record that does not decode, or that the fold rejects, becomes a dead
-letter; a vocoder failure on one window is retried alone, and if it fails alone it rejects that
-request only (dead letter `vocoder_failed`, the stream is evicted from the fold). Nothing else
-in the batch is affected.
-
-Its parts, each in a module of its own: `wire_input` (a record to an event, or why it is
-refused), `dead_letter`, `rounds` (the windows one decode call takes), `vocoder_streams` (the
-vocoder side of each open epoch), `audio` (the AudioChunk a window becomes, and per-request
-accounting), `engine` (what an engine must state).
-"""
+"""The one driver from input records to audio (wire decode, fold, batched vocoder decode), shared
+by the member, replay and verify; no I/O.
+Reasons: docs/operating.md, "A step and its transaction"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""A step's decode windows in rounds: what one `decode_batch` call decodes together.
-
-The fold's outcomes queue per request (`Pending`): its decode windows (`Window`, with the record
-that completed each) and the outcomes that end its epoch (Release, Abandoned), in fold order. A
-round (`next_round`) holds at most one window per request, since a request's windows depend on
-each other through its vocoder state, and at most `max_batch` in all, so one call serves every
-request that has a window in the step. An epoch's end is acted on when its request's queue
-reaches it, after the windows before it.
-"""
+"""A step's decode windows in rounds: what one `decode_batch` call decodes together."""
 
 from __future__ import annotations
 
@@ -33,7 +25,12 @@ def next_round(
 ) -> list[Window]:
     """Take the next round off `pending`: each request's next window, `max_batch` at most. The
     epoch ends queued before a request's window go to `end_epoch` first; a request whose queue
-    is empty leaves `pending`."""
+    is empty leaves `pending`. `pending` holds, per request in fold order, its decode windows
+    (with the record that completed each) and the outcomes that end its epoch (Release,
+    Abandoned): one window per request per round, since a request's windows depend on each other
+    through its vocoder state, so one call serves every request with a window in the step, and
+    an epoch's end is acted on when its request's queue reaches it, after the windows before
+    it."""
     batch: list[Window] = []
     for rid in list(pending):
         queue = pending[rid]

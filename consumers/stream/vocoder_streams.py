@@ -1,7 +1,6 @@
-"""The vocoder side of the pipeline: one vocoder stream per request's open epoch, which makes
-its windows' AudioChunks (`VocoderStream.emit`), and a batched decode that isolates a failure
-(a failing batch is retried one window at a time, so a window that fails alone costs only its
-own request)."""
+"""The vocoder side of the pipeline: one vocoder stream per request's open epoch, making its
+windows' AudioChunks (`VocoderStream.emit`), and a batched decode that retries a failing batch
+one window at a time, so a window that fails alone costs only its own request."""
 
 from __future__ import annotations
 

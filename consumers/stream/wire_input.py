@@ -1,9 +1,5 @@
 """An input record as a fold event, or why it is refused (its dead letter's reason and details).
-
-A record is refused when its value does not decode, is not a codec chunk or a control event,
-or its key is not the event's request id (the key decides the partition, so a keyless record
-may sit beside other requests' records and break recovery, which re-reads a partition by key).
-"""
+Reasons: docs/operating.md, "Liveness bounds"."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
 """What the incident report shows, as plain data: one view per input, and their divergences.
-
-Every figure comes from the replay itself (`replay.runner.replay`: the report `codeclog replay
---json` prints, and its audio) and from the per-record timeline (`report.timeline`); the
-upstream error text is `replay.summary`'s, the divergences are `replay.diff`'s. Nothing here
-decides an outcome.
-
-A page stays one a browser opens in seconds whatever the input's size (docs/report.md, "Size"):
-the outcome table lists at most MAX_LISTED_ISSUES rows (every outcome is counted by kind and
-reason, and every record keeps its mark and its hover text), the per-request table at most
-MAX_LISTED_REQUESTS rows, a timeline of more than LARGE_TIMELINE_MARKS records is drawn as one
-layer per kind, and epoch bands above MAX_EPOCH_BANDS are left out. The page says so each time.
-"""
+Its sources and limits: docs/report.md, "What each section shows" and "Size"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """The report page: a Jinja2 template, with its script, styles, charting library and data
-inlined, so the one HTML file works offline in any current browser.
-
-The charting library is Apache ECharts (the "common" build: line, scatter, tooltips, zoom,
-mark areas and lines; Apache-2.0), vendored in `assets/` at the version ECHARTS_VERSION
-(docs/report.md says why, and how to update it).
-"""
+inlined, so the one HTML file works offline (docs/report.md, "Why these libraries")."""
 
 from __future__ import annotations
 

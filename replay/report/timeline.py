@@ -1,14 +1,5 @@
 """Every input record with what the fold did to it: the marks of the report's timeline.
-
-The replay report files outcomes per request; the timeline needs them per record, with the
-record's place in the input. This module runs the input through the same state-only pipeline a
-replay without vocoder runs (`consumers.stream.pipeline.AudioPipeline`, configured by
-`replay.runner`), one record per step, and notes what each record caused: the outcomes the fold
-returned for its event (the pipeline's `ReportBuilder`, passed in, remembers the last event) and
-the dead letters of records refused before the fold (undecodable, key mismatch, missing key). No
-fold rule is restated here. Steps of one record change nothing the fold decides: its state is
-per event, and without a vocoder nothing depends on how records fall into steps.
-"""
+How: docs/report.md, "What each section shows"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """`codeclog report`'s work: check the output, load the inputs, build the page, write it.
-
-Errors follow the README's rule: an input that cannot be read, is neither a capture nor a
-scenario, or holds no record, and an --out that cannot or must not be written (checked before
-any replay runs, `codeclog.user_files.check_replaceable`: a new file, or a regular, writable
-file that is none of the inputs; a symbolic link is followed), are the user's to fix (exit 2);
-a write that fails after that (a full disk) is a failure (exit 1). The page is written beside
-the file it replaces and renamed over it: a reader sees the old page or the new one, whole.
-"""
+Its errors: docs/report.md, "Errors"."""
 
 from __future__ import annotations
 
