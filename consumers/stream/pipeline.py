@@ -35,8 +35,6 @@ from codeclog.consumers.stream.engine import (
     check_engine_fits,
     model_calls,
 )
-from codeclog.consumers.stream.fold.cap import evict
-from codeclog.consumers.stream.fold.machine import Event, fold
 from codeclog.consumers.stream.fold.outcomes import (
     Abandoned,
     Decode,
@@ -47,6 +45,7 @@ from codeclog.consumers.stream.fold.outcomes import (
     Release,
 )
 from codeclog.consumers.stream.fold.report import ReportBuilder
+from codeclog.consumers.stream.fold.rules import Event, evict, fold
 from codeclog.consumers.stream.fold.size import remembered_requests, state_bytes
 from codeclog.consumers.stream.fold.state import FoldConfig, FoldState, new_state
 from codeclog.consumers.stream.limit import EVICTED_BY_CAP

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import Outcome, Reject, RejectReason, Release
+from codeclog.consumers.stream.fold.rules import fold
 from codeclog.consumers.stream.fold.state import (
     FoldConfig,
     FoldConfigError,

@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import (
     Decode,
     Echo,
     OutcomeKind,
     RejectReason,
-    new_decode,
 )
+from codeclog.consumers.stream.fold.rules import fold, new_decode
 from codeclog.consumers.stream.fold.state import (
     FoldConfig,
     FoldConfigError,

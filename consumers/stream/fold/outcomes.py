@@ -14,7 +14,7 @@ import dataclasses
 import enum
 from typing import Any, ClassVar
 
-from codeclog.schemas.records import CodecChunk, slot_constructor
+from codeclog.schemas.records import CodecChunk
 
 
 class OutcomeKind(enum.Enum):
@@ -148,27 +148,6 @@ class Decode:
 
     def to_report(self) -> dict[str, Any]:
         return _report(self, "cache_epoch", "chunk_seqs", "frames", "final")
-
-
-_CONSTRUCT_DECODE = slot_constructor(Decode)
-
-
-def new_decode(
-    request_id: str,
-    cache_epoch: int,
-    chunk_seqs: tuple[int, ...],
-    final: bool,
-    codes: tuple[int, ...],
-    newest: CodecChunk | None,
-    held: Echo | None = None,
-) -> Decode:
-    """`Decode(...)` with `frames=len(codes)`, several times faster (the fold's hot path):
-    records.slot_constructor fills the slots without the frozen __init__'s per-field
-    object.__setattr__. A test checks that both build equal objects."""
-    decode: Decode = _CONSTRUCT_DECODE(
-        request_id, cache_epoch, chunk_seqs, len(codes), final, codes, newest, held
-    )
-    return decode
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -15,7 +15,6 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from codeclog.consumers.stream.fold.machine import Event, fold
 from codeclog.consumers.stream.fold.outcomes import (
     Abandoned,
     Decode,
@@ -27,6 +26,7 @@ from codeclog.consumers.stream.fold.outcomes import (
     RejectReason,
     Release,
 )
+from codeclog.consumers.stream.fold.rules import Event, fold
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
 
 OPEN = "open"

@@ -1,7 +1,8 @@
 """What a fold state holds in memory, estimated from its contents: `state_bytes`.
 
-The per-item costs are the ones measured with tracemalloc (CPython 3.11, 64-bit; machine.py
-states them and tests/fold/test_fold_memory.py keeps them honest): an open request about 545
+The per-item costs are the ones measured with tracemalloc (CPython 3.11, 64-bit;
+docs/fold-contract.md, "Memory per request", states them and tests/fold/test_fold_memory.py
+keeps them honest): an open request about 545
 bytes plus 12.5 per digest in its ring, a request without an open stream about 460 bytes plus
 345 per tombstone and 12.5 per digest it keeps, a held frame (code and seq) about 72 bytes, and
 the request id the state keeps as a key; under the strict policy an open request about 300

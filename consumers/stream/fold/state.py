@@ -1,7 +1,7 @@
 """The fold's state: its config, what it keeps per request id, and the whole state.
 
-Treat it as opaque outside the fold package; consumers/stream/fold/machine.py states what each
-record costs in memory.
+Treat it as opaque outside the fold package; docs/fold-contract.md, "Memory per request",
+states what each record costs in memory.
 """
 
 from __future__ import annotations
