@@ -19,10 +19,10 @@ from codeclog.consumers.stream.fold.state import (
     FoldConfigError,
     FoldState,
     Policy,
+    export_request,
     new_state,
     open_requests,
 )
-from codeclog.consumers.stream.fold.state_io import export_request
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 from tests.fold.restore import restore
 

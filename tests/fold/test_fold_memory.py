@@ -11,8 +11,15 @@ import tracemalloc
 import pytest
 
 from codeclog.consumers.stream.fold.rules import fold
-from codeclog.consumers.stream.fold.size import KEY_BYTES, remembered_requests, state_bytes
-from codeclog.consumers.stream.fold.state import FoldConfig, FoldState, Policy, new_state
+from codeclog.consumers.stream.fold.state import (
+    KEY_BYTES,
+    FoldConfig,
+    FoldState,
+    Policy,
+    new_state,
+    remembered_requests,
+    state_bytes,
+)
 from codeclog.schemas.records import CodecChunk
 
 REQUESTS = 300

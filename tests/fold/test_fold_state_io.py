@@ -18,11 +18,13 @@ from codeclog.consumers.stream.fold.rules import fold, new_decode
 from codeclog.consumers.stream.fold.state import (
     FoldConfig,
     FoldConfigError,
+    FoldStateError,
     Policy,
+    export_request,
+    import_request,
     new_state,
     open_requests,
 )
-from codeclog.consumers.stream.fold.state_io import FoldStateError, export_request, import_request
 from codeclog.errors import CodeclogError
 from codeclog.schemas.records import CodecChunk
 
