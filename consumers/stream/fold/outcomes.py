@@ -1,12 +1,5 @@
-"""What one event does to a request's codec stream: closed enums and frozen outcome values.
-
-The string values of `OutcomeKind` and `RejectReason` are stable: they are metric labels, the
-`reason` of a dead letter and the keys of the replay report. Never rename one; add new ones.
-
-Every outcome carries its `request_id` and renders itself with `to_report()` as exactly the keys
-listed in tests/data/scenarios/README.md (the replay report). `Decode` also carries, outside the
-report, the codec ids the vocoder must decode and the metadata the audio record echoes.
-"""
+"""What one event does to a request's codec stream: closed enums and frozen outcome values, each
+rendering its own report (`to_report`). Why their strings never change: docs/fold-contract.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The replay report: what a policy did with a stream of events (tests/data/scenarios/README.md).
-
-    {"policy", "events", "unprocessed", "stage": {"fatal": null | {...}},
-     "requests": {request_id: {"status": "open" | "released" | "killed", "outcomes": [...]}}}
-
-Status (docs/fold-contract.md, "The report"): "open" while the request has an open stream after its
-last event, "killed" (strict only) when its stream was open at the fatal rejection or it was the
-rejected request, else "released" (which includes a request whose events were all refused
-before any stream opened). A rejection without a request id is filed under the key "".
+"""The replay report: what a policy did with a stream of events, built from the outcomes alone.
+Its shape: tests/data/scenarios/README.md; its status rules: docs/fold-contract.md, "The report".
 """
 
 from __future__ import annotations
