@@ -7,7 +7,7 @@ codeclog.testing.upstream_streams):
 
 - `wire.decode`: schemas.wire.decode, bytes -> CodecChunk (what the consumer does per record);
 - `fastavro`: fastavro.schemaless_reader alone, body bytes -> dict (the Avro floor);
-- `fold`: consumers.stream.fold.machine.fold under the tolerant policy, CodecChunk -> outcomes, over
+- `fold`: consumers.stream.fold.rules.fold under the tolerant policy, CodecChunk -> outcomes, over
   records decoded long before (their codec ids are cold in the CPU caches: pessimistic);
 - `fold, warm`: the same fold timed batch by batch right after `wire.decode` made the batch
   (untimed), as the consumer runs it.
@@ -32,7 +32,7 @@ from typing import Any
 
 from fastavro import parse_schema, schemaless_reader
 
-from codeclog.consumers.stream.fold.machine import fold
+from codeclog.consumers.stream.fold.rules import fold
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
 from codeclog.schemas.records import CodecChunk
 from codeclog.testing.upstream_streams import realistic_events

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import Reject, RejectReason
 from codeclog.consumers.stream.fold.report import ReportBuilder
+from codeclog.consumers.stream.fold.rules import fold
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
 from codeclog.consumers.stream.wire_input import KEY_MISMATCH, MISSING_KEY
 from codeclog.cores import one_per_core

@@ -138,7 +138,7 @@ class StreamCheckpoint:
     last_offset: int  # the request's newest input offset applied in that transaction
     windows_emitted: int  # audio windows of the open epoch written so far
     samples_emitted: int  # samples of the open epoch written so far
-    fold_state_json: str = ""  # consumers.stream.fold.machine.export_request(), JSON; "" = unknown
+    fold_state_json: str = ""  # consumers.stream.fold.state.export_request(), JSON; "" = unknown
     updated_at_ms: int = 0
     producer_id: str = ""
     consumer_group: str = ""  # v2: whose progress this is ("" in v1 records: shared by all)

@@ -7,7 +7,7 @@ import json
 import logging
 from typing import TypeAlias
 
-from codeclog.consumers.stream.fold.state_io import export_request
+from codeclog.consumers.stream.fold.state import export_request
 from codeclog.consumers.stream.pipeline import AudioPipeline, StepOutput
 from codeclog.kafka.reader import read_partitions
 from codeclog.schemas import wire

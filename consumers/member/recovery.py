@@ -13,8 +13,7 @@ from confluent_kafka import TopicPartition
 from codeclog.consumers.member.metrics import VocoderMetrics
 from codeclog.consumers.member.progress import Checkpoints, read_checkpoints
 from codeclog.consumers.stream.engine import check_checkpoint_fits
-from codeclog.consumers.stream.fold.state import FoldState
-from codeclog.consumers.stream.fold.state_io import import_request
+from codeclog.consumers.stream.fold.state import FoldState, import_request
 from codeclog.consumers.stream.pipeline import AudioPipeline
 from codeclog.kafka.reader import read_partition
 from codeclog.kafka.records import InputRecord

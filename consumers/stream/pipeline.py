@@ -17,8 +17,6 @@ from codeclog.consumers.stream.engine import (
     check_engine_fits,
     model_calls,
 )
-from codeclog.consumers.stream.fold.cap import evict
-from codeclog.consumers.stream.fold.machine import Event, fold
 from codeclog.consumers.stream.fold.outcomes import (
     Abandoned,
     Decode,
@@ -29,8 +27,14 @@ from codeclog.consumers.stream.fold.outcomes import (
     Release,
 )
 from codeclog.consumers.stream.fold.report import ReportBuilder
-from codeclog.consumers.stream.fold.size import remembered_requests, state_bytes
-from codeclog.consumers.stream.fold.state import FoldConfig, FoldState, new_state
+from codeclog.consumers.stream.fold.rules import Event, evict, fold
+from codeclog.consumers.stream.fold.state import (
+    FoldConfig,
+    FoldState,
+    new_state,
+    remembered_requests,
+    state_bytes,
+)
 from codeclog.consumers.stream.limit import EVICTED_BY_CAP
 from codeclog.consumers.stream.rounds import Pending, Window, next_round
 from codeclog.consumers.stream.vocoder_streams import (
@@ -191,7 +195,7 @@ class AudioPipeline:
         return sum(len(state.open) for state in self._folds.values())
 
     def fold_state_bytes(self) -> int:
-        """The estimated bytes of every fold state (fold.size: walks every request)."""
+        """The estimated bytes of every fold state (`state_bytes` walks every request)."""
         return sum(state_bytes(state) for state in self._folds.values())
 
     def remembered_requests(self) -> int:

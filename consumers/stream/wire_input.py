@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from codeclog.consumers.stream.dead_letter import cut
-from codeclog.consumers.stream.fold.machine import Event
 from codeclog.consumers.stream.fold.outcomes import RejectReason
+from codeclog.consumers.stream.fold.rules import Event
 from codeclog.kafka.records import InputRecord
 from codeclog.schemas import wire
 from codeclog.schemas.records import CodecChunk, ControlEvent

@@ -8,9 +8,9 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from codeclog.consumers.stream.fold.machine import Event
 from codeclog.consumers.stream.fold.outcomes import Outcome, OutcomeKind, Reject
 from codeclog.consumers.stream.fold.report import ReportBuilder
+from codeclog.consumers.stream.fold.rules import Event
 from codeclog.consumers.stream.fold.state import Policy
 from codeclog.consumers.stream.pipeline import AudioPipeline
 from codeclog.kafka.records import InputRecord, Position

@@ -173,7 +173,7 @@ def test_rebuilt_streams_continue_byte_identically() -> None:
     scratch.step(records[:4], emit=False)
     resumed = _pipeline(ArithmeticEngine())
     for rid in ("a", "b"):
-        from codeclog.consumers.stream.fold.state_io import export_request, import_request
+        from codeclog.consumers.stream.fold.state import export_request, import_request
 
         import_request(resumed.fold_state(0), rid, export_request(live.fold_state(0), rid) or {})
     resumed.adopt_streams(scratch, ["a", "b"], 0)

@@ -11,7 +11,7 @@ import tracemalloc
 from collections.abc import Callable
 
 from codeclog.consumers.member.config import VocodeConfig
-from codeclog.consumers.stream.fold.machine import fold
+from codeclog.consumers.stream.fold.rules import fold
 from codeclog.consumers.stream.fold.state import new_state
 from codeclog.consumers.stream.limit import LimitOptions
 from codeclog.consumers.stream.pipeline import AudioPipeline

@@ -27,8 +27,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import Decode, Reject, RejectReason
+from codeclog.consumers.stream.fold.rules import fold
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
 from codeclog.consumers.stream.pipeline import AudioPipeline, PipelineConfig
 from codeclog.consumers.stream.wire_input import KEY_MISMATCH, MISSING_KEY

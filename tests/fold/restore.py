@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from codeclog.consumers.stream.fold.state import FoldState
-from codeclog.consumers.stream.fold.state_io import export_request, import_request
+from codeclog.consumers.stream.fold.state import FoldState, export_request, import_request
 
 
 def restore(original: FoldState, request_ids: Iterable[str], into: FoldState) -> FoldState:

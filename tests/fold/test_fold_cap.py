@@ -12,17 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import Outcome, Reject, RejectReason, Release
+from codeclog.consumers.stream.fold.rules import fold
 from codeclog.consumers.stream.fold.state import (
     FoldConfig,
     FoldConfigError,
     FoldState,
     Policy,
+    export_request,
     new_state,
     open_requests,
 )
-from codeclog.consumers.stream.fold.state_io import export_request
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 from tests.fold.restore import restore
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import Decode, Outcome, Reject
 from codeclog.consumers.stream.fold.report import build_report, strict_error_json
+from codeclog.consumers.stream.fold.rules import fold
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
 from codeclog.schemas.records import SILENCE_CODE, CodecChunk
 

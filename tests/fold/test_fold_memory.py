@@ -1,4 +1,4 @@
-"""The memory bounds stated in consumers/stream/fold/machine.py hold (measured with tracemalloc).
+"""The memory bounds of docs/fold-contract.md, "Memory per request", hold (tracemalloc).
 
 Each bound is the documented figure plus 25 % headroom for allocator and interpreter variation;
 the point is to catch a change that makes per-request state grow, not to pin bytes.
@@ -10,9 +10,16 @@ import tracemalloc
 
 import pytest
 
-from codeclog.consumers.stream.fold.machine import fold
-from codeclog.consumers.stream.fold.size import KEY_BYTES, remembered_requests, state_bytes
-from codeclog.consumers.stream.fold.state import FoldConfig, FoldState, Policy, new_state
+from codeclog.consumers.stream.fold.rules import fold
+from codeclog.consumers.stream.fold.state import (
+    KEY_BYTES,
+    FoldConfig,
+    FoldState,
+    Policy,
+    new_state,
+    remembered_requests,
+    state_bytes,
+)
 from codeclog.schemas.records import CodecChunk
 
 REQUESTS = 300

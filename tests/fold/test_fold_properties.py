@@ -15,9 +15,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import Decode, Outcome
 from codeclog.consumers.stream.fold.report import ReportBuilder
+from codeclog.consumers.stream.fold.rules import fold
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state, open_requests
 from codeclog.schemas.records import CodecChunk, ControlEvent
 from codeclog.testing.upstream_streams import StreamShape, encode_stream, interleave

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_importing_the_fold_loads_no_heavy_dependency() -> None:
     code = (
         "import sys\n"
-        "import codeclog.consumers.stream.fold.machine, codeclog.consumers.stream.fold.report\n"
+        "import codeclog.consumers.stream.fold.rules, codeclog.consumers.stream.fold.report\n"
         "banned = ('torch', 'confluent_kafka', 'fastavro', 'avro', 'numpy')\n"
         "ours = ('codeclog.vocoder', 'codeclog.schemas.wire')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in banned or m.startswith(ours)))\n"

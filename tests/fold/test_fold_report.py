@@ -86,7 +86,7 @@ def test_strict_report_kills_open_streams_and_counts_the_rest() -> None:
 
 
 def test_builder_matches_build_report_and_is_incremental() -> None:
-    from codeclog.consumers.stream.fold.machine import fold
+    from codeclog.consumers.stream.fold.rules import fold
     from codeclog.consumers.stream.fold.state import new_state
 
     events = [chunk(0), chunk(2), chunk(2), chunk(3, last_chunk=True)]

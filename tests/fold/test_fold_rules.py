@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.stream.fold.cap import evict
-from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import Echo, Outcome
+from codeclog.consumers.stream.fold.rules import evict, fold
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state, open_requests
 from codeclog.schemas.records import CodecChunk, ControlEvent, ControlKind
 

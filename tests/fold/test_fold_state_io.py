@@ -8,22 +8,23 @@ from typing import Any
 
 import pytest
 
-from codeclog.consumers.stream.fold.machine import fold
 from codeclog.consumers.stream.fold.outcomes import (
     Decode,
     Echo,
     OutcomeKind,
     RejectReason,
-    new_decode,
 )
+from codeclog.consumers.stream.fold.rules import fold, new_decode
 from codeclog.consumers.stream.fold.state import (
     FoldConfig,
     FoldConfigError,
+    FoldStateError,
     Policy,
+    export_request,
+    import_request,
     new_state,
     open_requests,
 )
-from codeclog.consumers.stream.fold.state_io import FoldStateError, export_request, import_request
 from codeclog.errors import CodeclogError
 from codeclog.schemas.records import CodecChunk
 

@@ -1,4 +1,2 @@
-"""The fold: a pure per-request codec-stream state machine, its replay report and scenarios.
-
-Imports neither torch, Kafka, Avro nor the vocoder (an import-linter contract in pyproject.toml).
-"""
+"""The fold: a pure per-request codec-stream state machine and its replay report; no torch, Kafka,
+Avro or vocoder (an import-linter contract). Its rules and modules: docs/fold-contract.md."""

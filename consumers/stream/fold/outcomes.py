@@ -1,12 +1,5 @@
-"""What one event does to a request's codec stream: closed enums and frozen outcome values.
-
-The string values of `OutcomeKind` and `RejectReason` are stable: they are metric labels, the
-`reason` of a dead letter and the keys of the replay report. Never rename one; add new ones.
-
-Every outcome carries its `request_id` and renders itself with `to_report()` as exactly the keys
-listed in tests/data/scenarios/README.md (the replay report). `Decode` also carries, outside the
-report, the codec ids the vocoder must decode and the metadata the audio record echoes.
-"""
+"""What one event does to a request's codec stream: closed enums and frozen outcome values, each
+rendering its own report (`to_report`). Why their strings never change: docs/fold-contract.md."""
 
 from __future__ import annotations
 
@@ -14,7 +7,7 @@ import dataclasses
 import enum
 from typing import Any, ClassVar
 
-from codeclog.schemas.records import CodecChunk, slot_constructor
+from codeclog.schemas.records import CodecChunk
 
 
 class OutcomeKind(enum.Enum):
@@ -148,27 +141,6 @@ class Decode:
 
     def to_report(self) -> dict[str, Any]:
         return _report(self, "cache_epoch", "chunk_seqs", "frames", "final")
-
-
-_CONSTRUCT_DECODE = slot_constructor(Decode)
-
-
-def new_decode(
-    request_id: str,
-    cache_epoch: int,
-    chunk_seqs: tuple[int, ...],
-    final: bool,
-    codes: tuple[int, ...],
-    newest: CodecChunk | None,
-    held: Echo | None = None,
-) -> Decode:
-    """`Decode(...)` with `frames=len(codes)`, several times faster (the fold's hot path):
-    records.slot_constructor fills the slots without the frozen __init__'s per-field
-    object.__setattr__. A test checks that both build equal objects."""
-    decode: Decode = _CONSTRUCT_DECODE(
-        request_id, cache_epoch, chunk_seqs, len(codes), final, codes, newest, held
-    )
-    return decode
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

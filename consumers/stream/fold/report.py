@@ -1,12 +1,5 @@
-"""The replay report: what a policy did with a stream of events (tests/data/scenarios/README.md).
-
-    {"policy", "events", "unprocessed", "stage": {"fatal": null | {...}},
-     "requests": {request_id: {"status": "open" | "released" | "killed", "outcomes": [...]}}}
-
-Status (docs/fold-contract.md, "The report"): "open" while the request has an open stream after its
-last event, "killed" (strict only) when its stream was open at the fatal rejection or it was the
-rejected request, else "released" (which includes a request whose events were all refused
-before any stream opened). A rejection without a request id is filed under the key "".
+"""The replay report: what a policy did with a stream of events, built from the outcomes alone.
+Its shape: tests/data/scenarios/README.md; its status rules: docs/fold-contract.md, "The report".
 """
 
 from __future__ import annotations
@@ -15,7 +8,6 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from codeclog.consumers.stream.fold.machine import Event, fold
 from codeclog.consumers.stream.fold.outcomes import (
     Abandoned,
     Decode,
@@ -27,6 +19,7 @@ from codeclog.consumers.stream.fold.outcomes import (
     RejectReason,
     Release,
 )
+from codeclog.consumers.stream.fold.rules import Event, fold
 from codeclog.consumers.stream.fold.state import FoldConfig, Policy, new_state
 
 OPEN = "open"
