@@ -29,13 +29,13 @@ from codeclog.vocoder.engine import (
     pcm_s16le,
     stream_seed,
 )
+from codeclog.vocoder.engine.slicing import split as _split
+from codeclog.vocoder.engine.stream_state import StreamState
 from codeclog.vocoder.errors import StreamStateError, VocoderConfigError
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows
-from codeclog.vocoder.hift import build_hift
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_init import initialise_hift
-from codeclog.vocoder.slicing import split as _split
-from codeclog.vocoder.stream_state import StreamState
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.fixture_weights import initialise_hift
+from codeclog.vocoder.hift.noncausal import build_hift
 from codeclog.vocoder.voice import Voice, default_voice
 
 pytestmark = pytest.mark.vocoder

@@ -4,7 +4,7 @@ is replaced by the cached excitation, the first overlap samples are cross-faded 
 previous tail by a Hamming window, and the last 3840 samples are held back until the next window
 (all released on the final window). `HiftCache` is one stream's state between windows,
 `stream_step` one window for rows of equal shapes, `stream_step_ragged` for rows of any shapes
-(vocoder.hift_ragged)."""
+(vocoder.hift.rows)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from codeclog.vocoder.hift import HiFTGenerator
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_ragged import HiftRows
-from codeclog.vocoder.hift_source import draw_source_noise
-from codeclog.vocoder.hift_windows import fade_window
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.excitation import draw_source_noise
+from codeclog.vocoder.hift.noncausal import HiFTGenerator
+from codeclog.vocoder.hift.rows import HiftRows
+from codeclog.vocoder.hift.window_functions import fade_window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +101,7 @@ def stream_step_ragged(
     noise_seeds: Sequence[int],
 ) -> StreamStep:
     """`stream_step` for B rows of any cache and window lengths in one call; mels[b] is
-    (80, F_b). Each row within rounding of its solo step (vocoder.hift_ragged)."""
+    (80, F_b). Each row within rounding of its solo step (vocoder.hift.rows)."""
     return _step(hift, caches, mels, final, noise_seeds, ragged=True)
 
 

@@ -1,8 +1,8 @@
 """The rows of a ragged HiFT call, and the masks that keep each row equal to its solo call.
 
-`hift_stream.stream_step` vocodes rows of equal shape only; `stream_step_ragged` runs the same
-generator over rows of any cache and window lengths, given their `HiftRows`. Each row's mel (its
-cached frames then its new frames) is right-padded with zeros to the widest row, its excitation
+`noncausal_stream.stream_step` vocodes rows of equal shape only; `stream_step_ragged` runs the
+same generator over rows of any cache and window lengths, given their `HiftRows`. Each row's mel
+(its cached frames then its new frames) is right-padded with zeros to the widest row, its excitation
 noise is drawn at its own length (so it equals the solo draw) and zero-padded, its cached
 excitation replaces its own first samples, and its audio, cross-fade and new caches are cut at
 its own end. HiFT is non-causal, so every convolution's output is zeroed past each row's end (a

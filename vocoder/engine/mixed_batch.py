@@ -15,9 +15,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from codeclog.vocoder.engine import Code2WavEngine, DecodeCalls
+from codeclog.vocoder.engine.code2wav import Code2WavEngine, DecodeCalls
+from codeclog.vocoder.engine.window_checks import DecodeItem
 from codeclog.vocoder.shared import stream_seed
-from codeclog.vocoder.window_checks import DecodeItem
 
 SILENCE = 4218
 WINDOW_IDS = 28  # 25 new ids + 3 lookahead

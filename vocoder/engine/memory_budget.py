@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from codeclog.vocoder.causal_stream import CausalVocoder
 from codeclog.vocoder.flow import FlowState
-from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift.causal_stream import CausalVocoder
+from codeclog.vocoder.hift.config import HiftConfig
 
 # The open-stream state budget (consumers.stream.limit): on CUDA this share of the device memory
 # free after the weights loaded (the rest is a decode batch's working memory and the allocator's

@@ -20,8 +20,8 @@ from typing import TypeVar
 import torch
 
 from codeclog.cores import one_per_core
+from codeclog.vocoder.engine.window_checks import Window
 from codeclog.vocoder.flow.parallel import RowThreads, row_parts
-from codeclog.vocoder.window_checks import Window
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -10,8 +10,8 @@ import dataclasses
 import enum
 from collections.abc import Sequence
 
+from codeclog.vocoder.engine.stream_state import StreamState
 from codeclog.vocoder.errors import VocoderInputError
-from codeclog.vocoder.stream_state import StreamState
 
 DecodeItem = tuple[StreamState, Sequence[int], bool]
 

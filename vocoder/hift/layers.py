@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift.config import HiftConfig
 
 
 class Snake(nn.Module):

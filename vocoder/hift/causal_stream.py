@@ -35,14 +35,14 @@ from fractions import Fraction
 import torch
 from torch import Tensor, nn
 
-from codeclog.vocoder.causal_hift import (
+from codeclog.vocoder.errors import VocoderInputError
+from codeclog.vocoder.hift.causal import (
     CausalHiftConfig,
     CausalHiFTGenerator,
     CausalResBlock,
     causal_padding_of,
 )
-from codeclog.vocoder.errors import VocoderInputError
-from codeclog.vocoder.hift_layers import fuse_weight_norm
+from codeclog.vocoder.hift.layers import fuse_weight_norm
 
 F64 = torch.float64
 

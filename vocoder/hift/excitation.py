@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_ragged import HiftRows, hold_phase
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.rows import HiftRows, hold_phase
 
 
 @dataclasses.dataclass(frozen=True)

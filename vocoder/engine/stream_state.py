@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from codeclog.vocoder.causal_stream import CausalHiftCache
 from codeclog.vocoder.errors import StreamStateError
 from codeclog.vocoder.flow import FlowState, FlowStateError
-from codeclog.vocoder.hift_stream import HiftCache
+from codeclog.vocoder.hift.causal_stream import CausalHiftCache
+from codeclog.vocoder.hift.noncausal_stream import HiftCache
 from codeclog.vocoder.tensor_codec import tensor_bytes, tensor_from_bytes, tensor_spec
 
 __all__ = ["StreamState", "StreamStateError"]
