@@ -1,24 +1,5 @@
-"""The streaming Code2Wav engine: codec-id windows in, 24 kHz audio out, state explicit.
-
-    engine = Code2WavEngine.from_spec("tiny")          # or a checkpoint directory
-    state = engine.setup(seed=stream_seed(request_id, cache_epoch))
-    [(audio, state)] = engine.decode_batch([(state, window_ids, final)])
-    engine.release(state)
-
-A request's whole streaming state is one frozen `StreamState` value (flow caches, HiFT caches,
-seed, counters) that the caller owns; nothing per-request lives in the engine except the shared,
-read-only per-voice prompt states. `decode_batch` never mutates its inputs: on any error (a
-refused item, vocoder.engine.window_checks, or a failure while a group computes, e.g. out of memory)
-the caller still holds the old states and may retry the items solo. The engine takes ownership
-of the modules it is given (moves, casts, fuses them) and is not thread-safe.
-
-docs/vocoder.md is the engine's manual: windows and sample counts of both HiFT schemes, exact
-and ragged batching, why a batched row is byte-identical to its solo decode, devices and dtypes.
-A call's parts: vocoder.engine.window_checks (what is refused), vocoder.engine.slicing (groups,
-slices and the decode workers), vocoder.engine.slice_decode (one slice's flow and HiFT),
-vocoder.engine.memory_budget (state sizes and the budget), vocoder.engine.options (options and
-the combinations refused).
-"""
+"""`Code2WavEngine`: codec-id windows in, 24 kHz audio out, every stream's state a value the
+caller owns (its manual: docs/vocoder.md, "Using the engine", and the sections after it)."""
 
 from __future__ import annotations
 
@@ -106,7 +87,7 @@ class DecodeCalls:
 
 class Code2WavEngine:
     """Token2wav flow + HiFT (scheme A, or the causal HiFT of scheme B when `hift` is a
-    CausalHiFTGenerator) with explicit per-request state. See the module doc."""
+    CausalHiFTGenerator) with explicit per-request state (docs/vocoder.md, "Using the engine")."""
 
     sample_rate_hz: int = SAMPLE_RATE_HZ
 

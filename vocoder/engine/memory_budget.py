@@ -1,6 +1,5 @@
-"""The memory budget of open streams: the most bytes one stream's state ever holds between
-windows (`peak_state_bytes`), which consumers.stream.limit charges every open stream, and the
-default budget those charges must fit in (`state_budget_bytes`)."""
+"""The memory budget of open streams: a stream state's peak bytes between windows, and the default
+budget their charges must fit in (docs/vocoder.md, "Inside a decode_batch call")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The engine's options (`EngineOptions`): their choices, their defaults and the combinations an
-engine refuses to be built with (a `VocoderConfigError`, before any weight moves)."""
+engine refuses to be built with (docs/vocoder.md, "Inside a decode_batch call")."""
 
 from __future__ import annotations
 

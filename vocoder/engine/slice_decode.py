@@ -1,6 +1,5 @@
-"""One slice of a decode_batch call, decoded in the calling thread: the flow over its windows, the
-engine's HiFT variant over their mel, and each window's audio (float32 numpy) with its next
-StreamState. The caller enters the engine's kernel scope and inference mode around it."""
+"""One slice of a decode_batch call, decoded in the calling thread: its flow, its HiFT, each
+window's audio and next StreamState (docs/vocoder.md, "Inside a decode_batch call")."""
 
 from __future__ import annotations
 

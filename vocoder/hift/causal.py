@@ -1,11 +1,5 @@
-"""Causal HiFT (CosyVoice3 `CausalHiFTGenerator`), the generator of scheme B.
-
-The module tree reproduces `stepaudio2.causal_vocoder.generator.CausalHiFTGenerator` with the
-`CausalConvRNNF0Predictor` of `minicpmo-utils` 1.0.7, so that release's `hift.pt` (next to its
-`config.yaml`) loads with `strict=True`. Its layers (upstream causal_vocoder/convolution.py) pad
-on one side, zeros or the given look-ahead context, so a stream can be vocoded call by call;
-the bounded streaming rule that does it is vocoder.hift.causal_stream (`CausalVocoder`).
-"""
+"""`CausalHiFTGenerator`, scheme B's generator: CosyVoice3's causal HiFT as minicpmo-utils
+1.0.7 ships it, its layers padded on one side only (docs/vocoder.md, "Scheme B")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """`HiftConfig`: every size of the HiFT generator and of its scheme-A streaming rule, checked
-when built, and its JSON form (the fixture's and a checkpoint's configs). The causal HiFT's
-config extends it (vocoder.hift.causal.CausalHiftConfig)."""
+when built, and its JSON form (docs/vocoder.md, "HiFT, scheme A")."""
 
 from __future__ import annotations
 

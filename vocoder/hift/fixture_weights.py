@@ -1,5 +1,5 @@
-"""Seeded random weights for the HiFT fixtures of both variants (real weights come from
-hift.pt), drawn from one generator so that the tiny fixture's audio exercises every stage."""
+"""Seeded random weights for the HiFT fixtures of both variants, drawn from one generator so that
+the tiny fixture's audio exercises every stage (docs/vocoder.md, "Weights")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What both HiFT variants build their generators from (scheme A's `HiFTGenerator` and the causal
-`CausalHiFTGenerator`, the same parameter names): the Snake activation, the resblock and
-source-down stacks, the filter network's order of operations, and the weight-norm fusion."""
+"""What both HiFT variants build their generators from: Snake, the resblock and source-down
+stacks, the filter stages, the weight-norm fusion (docs/vocoder.md, "HiFT, scheme A")."""
 
 from __future__ import annotations
 

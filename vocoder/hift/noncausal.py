@@ -1,17 +1,5 @@
-"""HiFT (NSF + iSTFTNet): scheme A's generator, `HiFTGenerator`.
-
-The module tree reproduces `stepaudio2.flashcosyvoice.modules.hifigan.HiFTGenerator` (as used by
-`stepaudio2-minicpmo` 0.1.1 and `minicpmo-utils` 1.0.5/1.0.7) so the published `hift.pt` loads
-with `strict=True` (after stripping a `generator.` prefix). Two differences, both on purpose:
-
-- Randomness is an input: the caller passes the call's `SourceNoise` (vocoder.hift.excitation, one
-  seeded generator per row), where upstream draws from the global RNG.
-- Sizes come from `HiftConfig` (vocoder.hift.config), so a tiny model runs the same code on a
-  2-core CPU.
-
-Its streaming rule (scheme A) is vocoder.hift.noncausal_stream; what it shares with the causal HiFT,
-vocoder.hift.layers; its fixture weights, vocoder.hift.fixture_weights.
-"""
+"""`HiFTGenerator` (NSF + iSTFTNet), scheme A's generator: upstream's module tree, its randomness
+an input and its sizes a `HiftConfig` (docs/vocoder.md, "HiFT, scheme A")."""
 
 from __future__ import annotations
 

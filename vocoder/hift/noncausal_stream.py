@@ -1,10 +1,5 @@
-"""Scheme A, upstream's streaming rule (`Token2wav.stream`, vllm-omni `BatchedToken2Wav`): every
-window is vocoded together with the previous 8 mel frames; the NSF excitation of those frames
-is replaced by the cached excitation, the first overlap samples are cross-faded with the held
-previous tail by a Hamming window, and the last 3840 samples are held back until the next window
-(all released on the final window). `HiftCache` is one stream's state between windows,
-`stream_step` one window for rows of equal shapes, `stream_step_ragged` for rows of any shapes
-(vocoder.hift.rows)."""
+"""Scheme A's streaming rule, upstream's: every window vocoded with the 8 mel frames before it,
+cross-faded with the held tail (docs/vocoder.md, "HiFT, scheme A")."""
 
 from __future__ import annotations
 
