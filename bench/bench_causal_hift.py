@@ -20,13 +20,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from codeclog.vocoder.causal_hift import CausalHiftConfig, build_causal_hift, initialise_causal_hift
-from codeclog.vocoder.causal_stream import CausalVocoder
-from codeclog.vocoder.hift import build_hift
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_init import initialise_hift
-from codeclog.vocoder.hift_layers import fuse_weight_norm
-from codeclog.vocoder.hift_stream import HiftCache, stream_step
+from codeclog.vocoder.hift.causal import CausalHiftConfig, build_causal_hift, initialise_causal_hift
+from codeclog.vocoder.hift.causal_stream import CausalVocoder
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.fixture_weights import initialise_hift
+from codeclog.vocoder.hift.layers import fuse_weight_norm
+from codeclog.vocoder.hift.noncausal import build_hift
+from codeclog.vocoder.hift.noncausal_stream import HiftCache, stream_step
 
 
 def measure(name: str, windows: int) -> tuple[list[float], list[float]]:

@@ -20,17 +20,17 @@ import time
 from collections.abc import Sequence
 
 from bench.bench_causal_hift import compare_main
-from codeclog.vocoder.causal_hift import (
+from codeclog.vocoder.engine import Code2WavEngine
+from codeclog.vocoder.engine.options import EngineOptions
+from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
+from codeclog.vocoder.hift.causal import (
     CausalHiftConfig,
     build_causal_hift,
     initialise_causal_hift,
 )
-from codeclog.vocoder.engine import Code2WavEngine
-from codeclog.vocoder.engine_options import EngineOptions
-from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
-from codeclog.vocoder.hift import build_hift
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_init import initialise_hift
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.fixture_weights import initialise_hift
+from codeclog.vocoder.hift.noncausal import build_hift
 
 SILENCE = 4218
 

@@ -3,7 +3,7 @@
     python -m bench.bench_ragged                          # tiny fixture, CPU
     python -m bench.bench_ragged --device cuda --spec /path/to/assets/token2wav --streams 100
 
-Part 1: one decode step of `--streams` streams at mixed positions (vocoder.mixed_batch: 0-4
+Part 1: one decode step of `--streams` streams at mixed positions (vocoder.engine.mixed_batch: 0-4
 windows decoded before, every fourth window final with 1-27 ids): the flow and HiFT calls the
 exact path makes (one per equal-shape group; HiFT per row on CPU) and the ragged path makes (one
 per final flag). Part 2: windows/s of one such step at each batch size, per batching mode, and
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from codeclog.consumers.readers.audio_compare import Bound, compare_bound
 from codeclog.vocoder.engine import Code2WavEngine
+from codeclog.vocoder.engine.mixed_batch import decode_calls, mixed_position_items
 from codeclog.vocoder.flow import canonical_windows
-from codeclog.vocoder.mixed_batch import decode_calls, mixed_position_items
 from codeclog.vocoder.shared import pcm_s16le
 
 

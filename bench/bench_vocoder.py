@@ -25,9 +25,9 @@ from pathlib import Path
 
 from codeclog.vocoder.engine import Code2WavEngine
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows
-from codeclog.vocoder.hift import HiFTGenerator, build_hift
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_init import initialise_hift
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.fixture_weights import initialise_hift
+from codeclog.vocoder.hift.noncausal import HiFTGenerator, build_hift
 
 SILENCE = 4218
 

@@ -78,11 +78,11 @@ from codeclog.consumers.readers.audio_compare import Bound, compare_bound
 from codeclog.vocoder.checkpoint import inspect_checkpoint, load_checkpoint, load_fixture
 from codeclog.vocoder.determinism import CUBLAS_WORKSPACE_CONFIG, apply_determinism, window_seed
 from codeclog.vocoder.engine import Code2WavEngine
-from codeclog.vocoder.engine_options import EngineOptions
+from codeclog.vocoder.engine.options import EngineOptions
+from codeclog.vocoder.engine.stream_state import StreamState
 from codeclog.vocoder.flow import ConformerTrim, FlowConfig, Token2WavFlow
-from codeclog.vocoder.hift import HiFTGenerator, build_hift
+from codeclog.vocoder.hift.noncausal import HiFTGenerator, build_hift
 from codeclog.vocoder.shared import pcm_s16le
-from codeclog.vocoder.stream_state import StreamState
 from codeclog.vocoder.voice import default_voice
 
 SAMPLE_RATE = 24000

@@ -73,18 +73,18 @@ def stub_yaml() -> None:
 
 stub_yaml()  # before the vocoder's modules are imported
 
-from codeclog.vocoder.causal_hift import (  # noqa: E402
+from codeclog.vocoder.engine import Code2WavEngine  # noqa: E402
+from codeclog.vocoder.flow import FlowConfig, Token2WavFlow  # noqa: E402
+from codeclog.vocoder.hift.causal import (  # noqa: E402
     CausalHiftConfig,
     build_causal_hift,
     initialise_causal_hift,
 )
-from codeclog.vocoder.causal_stream import CausalVocoder  # noqa: E402
-from codeclog.vocoder.engine import Code2WavEngine  # noqa: E402
-from codeclog.vocoder.flow import FlowConfig, Token2WavFlow  # noqa: E402
-from codeclog.vocoder.hift import build_hift  # noqa: E402
-from codeclog.vocoder.hift_config import HiftConfig  # noqa: E402
-from codeclog.vocoder.hift_init import initialise_hift  # noqa: E402
-from codeclog.vocoder.hift_stream import HiftCache, stream_step  # noqa: E402
+from codeclog.vocoder.hift.causal_stream import CausalVocoder  # noqa: E402
+from codeclog.vocoder.hift.config import HiftConfig  # noqa: E402
+from codeclog.vocoder.hift.fixture_weights import initialise_hift  # noqa: E402
+from codeclog.vocoder.hift.noncausal import build_hift  # noqa: E402
+from codeclog.vocoder.hift.noncausal_stream import HiftCache, stream_step  # noqa: E402
 
 SILENCE = 4218
 WINDOW_IDS = 28

@@ -48,9 +48,9 @@ from torch import Tensor, nn
 from codeclog.paths import default_cache_dir
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
 from codeclog.vocoder.flow.cfm import draw_noise_table
-from codeclog.vocoder.hift import HiFTGenerator
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_source import draw_source_noise
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.excitation import draw_source_noise
+from codeclog.vocoder.hift.noncausal import HiFTGenerator
 from codeclog.vocoder.voice import Voice
 
 UTILS_ENV = "CODECLOG_REF_MINICPMO_UTILS"

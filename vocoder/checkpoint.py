@@ -5,7 +5,7 @@ Checkpoint directory (MiniCPM-o 4.5 `assets/token2wav`):
 - `flow.yaml` (read by `FlowConfig.from_yaml`, a restricted loader) and `flow.pt`;
 - `hift.pt`, the non-causal HiFT of scheme A. In the `minicpmo-utils` 1.0.7 layout (a
   `config.yaml` next to it) `hift.pt` is the causal CosyVoice3 vocoder (scheme B,
-  `vocoder.causal_hift`) and the non-causal one is `hift_original.pt`. `load_checkpoint` loads
+  `vocoder.hift.causal`) and the non-causal one is `hift_original.pt`. `load_checkpoint` loads
   the non-causal one in both layouts; `load_causal_hift` loads the causal one of a 1.0.7 layout,
   and `choose_hift_variant` says which a checkpoint gets (the variant is chosen per checkpoint:
   `noncausal` by default, `causal` only where the layout has it);
@@ -31,16 +31,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from codeclog.vocoder.causal_hift import (
+from codeclog.vocoder.errors import CheckpointError, parse_choice
+from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
+from codeclog.vocoder.hift.causal import (
     CausalHiftConfig,
     CausalHiFTGenerator,
     build_causal_hift,
     initialise_causal_hift,
 )
-from codeclog.vocoder.errors import CheckpointError, parse_choice
-from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
-from codeclog.vocoder.hift import HiFTGenerator, build_hift, strip_upstream_prefix
-from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.noncausal import HiFTGenerator, build_hift, strip_upstream_prefix
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures"
 TINY_WEIGHTS = FIXTURE_DIR / "tiny.safetensors"

@@ -28,9 +28,9 @@ from codeclog.vocoder.checkpoint import (
     file_sha256,
 )
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow
-from codeclog.vocoder.hift import build_hift
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_init import initialise_hift
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.fixture_weights import initialise_hift
+from codeclog.vocoder.hift.noncausal import build_hift
 
 FIXTURE_SEED = 7  # the HiFT init seed; the flow's comes from FlowConfig.init_seed
 MAX_FIXTURE_BYTES = 5 * 1024 * 1024

@@ -30,7 +30,7 @@ class VocoderEngine(Protocol):
 
 
 class ModelCalls(Protocol):
-    """Model calls an engine made so far (vocoder.engine.DecodeCalls)."""
+    """Model calls an engine made so far (vocoder.engine.code2wav.DecodeCalls)."""
 
     @property
     def flow(self) -> int: ...

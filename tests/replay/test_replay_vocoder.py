@@ -95,7 +95,7 @@ def test_causal_hift_replay_follows_scheme_b_and_its_pinned_bytes(run_cli: RunCl
     HiFT's rule over its new mel frames (2 per new id; a non-final window's last 3 ids are
     lookahead): fixed 8-frame delay, the first audio led by 3840 zeros, the final window
     flushing the held 8 frames; the audio equals the bytes pinned for this domain."""
-    from codeclog.vocoder.causal_stream import emitted_samples
+    from codeclog.vocoder.hift.causal_stream import emitted_samples
 
     code, out, err = run_cli(_causal_argv())
     assert code == 0, err

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from codeclog.vocoder.hift_layers import Snake
+from codeclog.vocoder.hift.layers import Snake
 
 
 def randomise_gains(model: nn.Module, seed: int) -> None:

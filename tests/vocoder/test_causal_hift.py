@@ -17,8 +17,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codeclog.vocoder.causal_hift import CausalHiftConfig, build_causal_hift, initialise_causal_hift
-from codeclog.vocoder.causal_stream import CausalVocoder, emitted_samples
 from codeclog.vocoder.checkpoint import (
     HiftVariant,
     choose_hift_variant,
@@ -26,7 +24,9 @@ from codeclog.vocoder.checkpoint import (
     load_causal_hift,
 )
 from codeclog.vocoder.errors import CheckpointError, VocoderConfigError, VocoderInputError
-from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift.causal import CausalHiftConfig, build_causal_hift, initialise_causal_hift
+from codeclog.vocoder.hift.causal_stream import CausalVocoder, emitted_samples
+from codeclog.vocoder.hift.config import HiftConfig
 
 pytestmark = pytest.mark.vocoder
 INVARIANCE_ATOL = 1e-4

@@ -27,13 +27,13 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from codeclog.vocoder.causal_hift import (
+from codeclog.vocoder.hift.causal import (
     CausalHiftConfig,
     CausalHiFTGenerator,
     build_causal_hift,
     initialise_causal_hift,
 )
-from codeclog.vocoder.causal_stream import CausalHiftCache, CausalVocoder, emitted_samples
+from codeclog.vocoder.hift.causal_stream import CausalHiftCache, CausalVocoder, emitted_samples
 from tests.vocoder.hift_helpers import randomise_gains
 from tests.vocoder.reference import causal_upstream
 

@@ -39,8 +39,8 @@ GOLDEN = (DECODE_SCRIPT, "7", "portable")  # the golden stream, seed 7, portable
 # owned by vocoder/kernels/portable.py (float64 F0 convs and phase included)
 CAUSAL_SCRIPT = """
 import hashlib, torch
-from codeclog.vocoder.causal_hift import CausalHiftConfig, build_causal_hift, initialise_causal_hift
-from codeclog.vocoder.causal_stream import CausalVocoder
+from codeclog.vocoder.hift.causal import CausalHiftConfig, build_causal_hift, initialise_causal_hift
+from codeclog.vocoder.hift.causal_stream import CausalVocoder
 from codeclog.vocoder.kernels import kernel_scope
 torch.set_num_threads(1)
 model = build_causal_hift(CausalHiftConfig.tiny())

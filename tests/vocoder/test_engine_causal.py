@@ -18,14 +18,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codeclog.vocoder.causal_hift import CausalHiftConfig, build_causal_hift
-from codeclog.vocoder.causal_stream import emitted_samples
 from codeclog.vocoder.checkpoint import load_fixture
 from codeclog.vocoder.domain import engine_domain_suffix
 from codeclog.vocoder.engine import Code2WavEngine, WindowRejectedError, WindowRejectReason
+from codeclog.vocoder.engine.stream_state import StreamState
 from codeclog.vocoder.errors import VocoderConfigError
 from codeclog.vocoder.flow import canonical_windows
-from codeclog.vocoder.stream_state import StreamState
+from codeclog.vocoder.hift.causal import CausalHiftConfig, build_causal_hift
+from codeclog.vocoder.hift.causal_stream import emitted_samples
 from tests.vocoder.reference import causal_upstream
 from tests.vocoder.test_causal_hift_parity import UpstreamStream, parity_weights, upstream_model
 

@@ -26,7 +26,7 @@ from codeclog.vocoder.engine import Code2WavEngine
 from codeclog.vocoder.errors import CheckpointError, VocoderConfigError
 from codeclog.vocoder.fixture import MAX_FIXTURE_BYTES, check_fixture, fixture_tensors
 from codeclog.vocoder.flow import ConformerTrim, FlowConfig
-from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift.config import HiftConfig
 from codeclog.vocoder.voice import default_voice, load_voice, save_voice
 
 pytestmark = pytest.mark.vocoder

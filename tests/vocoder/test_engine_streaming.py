@@ -29,13 +29,13 @@ from codeclog.vocoder.engine import (
     pcm_s16le,
     stream_seed,
 )
+from codeclog.vocoder.engine.slicing import split as _split
+from codeclog.vocoder.engine.stream_state import StreamState
 from codeclog.vocoder.errors import StreamStateError, VocoderConfigError
 from codeclog.vocoder.flow import FlowConfig, Token2WavFlow, canonical_windows
-from codeclog.vocoder.hift import build_hift
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_init import initialise_hift
-from codeclog.vocoder.slicing import split as _split
-from codeclog.vocoder.stream_state import StreamState
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.fixture_weights import initialise_hift
+from codeclog.vocoder.hift.noncausal import build_hift
 from codeclog.vocoder.voice import Voice, default_voice
 
 pytestmark = pytest.mark.vocoder
@@ -139,8 +139,9 @@ def test_sample_counts(
     engine: Code2WavEngine, name: str, windows: list[tuple[int, bool]], expected: list[int]
 ) -> None:
     """Per window: held + new_frames * 960 - held_after, held_after = min(3840, held + new)
-    for non-final windows and 0 for the final one (engine docstring). Stream total = sum of
-    new frames x 960, new frames being T - 3 (non-final) or T (final)."""
+    for non-final windows and 0 for the final one (docs/vocoder.md, "Windows and sample
+    counts"). Stream total = sum of new frames x 960, new frames being T - 3 (non-final) or T
+    (final)."""
     ids = golden_tokens()
     schedule = [(ids[:length], final) for length, final in windows]
     sizes = [len(audio) for audio in run_stream(engine, schedule, 3)]

@@ -17,7 +17,7 @@ depends on its batch mates). So the test seeds the global RNG identically, rebui
 draws for our side, and checks the rebuild against what upstream really drew (`_Draws` records
 upstream's `torch.rand` / `torch.randn_like` results) rather than copying upstream's tensors.
 
-Mutations checked to fail these tests (each applied to a scratch copy of vocoder/hift.py, the
+Mutations checked to fail these tests (each applied to a scratch copy of vocoder/hift/, the
 tests rerun there): sine phase `* 2 * np.pi` -> `* np.pi` and voiced noise x10 (forward and
 streaming tests; both passed with the former `randn * 0.1` weights, whose F0 was 0.03-0.07 Hz on
 every frame); Hann for Hamming in the cross-fade (streaming test).
@@ -34,11 +34,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from codeclog.vocoder.hift import HiFTGenerator, build_hift, strip_upstream_prefix
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_init import initialise_hift
-from codeclog.vocoder.hift_source import SourceNoise
-from codeclog.vocoder.hift_stream import HiftCache, stream_step
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.excitation import SourceNoise
+from codeclog.vocoder.hift.fixture_weights import initialise_hift
+from codeclog.vocoder.hift.noncausal import HiFTGenerator, build_hift, strip_upstream_prefix
+from codeclog.vocoder.hift.noncausal_stream import HiftCache, stream_step
 from tests.vocoder.hift_helpers import randomise_gains
 from tests.vocoder.reference import import_reference
 
@@ -159,7 +159,7 @@ def test_forward_is_bit_identical_to_upstream(
 ) -> None:
     """Batch 3, mostly voiced frames, upstream's own noise draws (recorded and compared).
 
-    Mutations checked to fail here (each applied to a scratch copy of vocoder/hift.py): sine
+    Mutations checked to fail here (each applied to a scratch copy of vocoder/hift/): sine
     phase `* 2 * np.pi` -> `* np.pi` (SineGen2._f02sine); voiced noise x10 (`uv * noise_std`
     -> `uv * noise_std * 10`). Both passed with the former `randn * 0.1` weights.
     """
@@ -271,7 +271,7 @@ def test_streaming_windows_are_bit_identical_to_upstream_loop(
     """Batch 2; first window, later ones and the final one: caches, float64 Hamming fade,
     hold-back; mostly voiced, so the cached excitation carries the harmonic source over.
 
-    Mutations checked to fail here (scratch copy of vocoder/hift.py): Hann for Hamming in the
+    Mutations checked to fail here (scratch copy of vocoder/hift/): Hann for Hamming in the
     cross-fade (`fade_window`: np.hamming -> np.hanning); sine phase 2*pi -> pi; voiced noise
     x10.
     """

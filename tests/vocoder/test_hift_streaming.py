@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from codeclog.vocoder.errors import VocoderConfigError
-from codeclog.vocoder.hift import HiFTGenerator, build_hift
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_init import initialise_hift
-from codeclog.vocoder.hift_layers import fuse_weight_norm
-from codeclog.vocoder.hift_source import draw_source_noise
-from codeclog.vocoder.hift_stream import HiftCache, cross_fade, stream_step
-from codeclog.vocoder.hift_windows import fade_window
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.excitation import draw_source_noise
+from codeclog.vocoder.hift.fixture_weights import initialise_hift
+from codeclog.vocoder.hift.layers import fuse_weight_norm
+from codeclog.vocoder.hift.noncausal import HiFTGenerator, build_hift
+from codeclog.vocoder.hift.noncausal_stream import HiftCache, cross_fade, stream_step
+from codeclog.vocoder.hift.window_functions import fade_window
 
 pytestmark = pytest.mark.vocoder
 HOLD = 3840  # samples held back / cross-faded (8 mel frames x 480)

@@ -11,10 +11,10 @@ import torch
 
 from codeclog.consumers.readers.audio_compare import Bound, compare_bound
 from codeclog.vocoder.engine import Code2WavEngine
+from codeclog.vocoder.engine.mixed_batch import decode_calls, mixed_position_items
 from codeclog.vocoder.errors import VocoderConfigError
 from codeclog.vocoder.flow import canonical_windows
 from codeclog.vocoder.flow.ragged import decode_ragged
-from codeclog.vocoder.mixed_batch import decode_calls, mixed_position_items
 from codeclog.vocoder.shared import pcm_s16le
 
 pytestmark = pytest.mark.vocoder

@@ -1,19 +1,5 @@
-"""Conditional flow matching: cosine schedule, Euler solver, classifier-free guidance.
-
-Follows `stepaudio2.cosyvoice2.flow.flow_matching.CausalConditionalCFM.forward_chunk` /
-`solve_euler_chunk` operation by operation, for B requests at once. The estimator sees 2B rows
-laid out [cond x B | uncond x B]; the unconditional rows get zero mu, speaker and condition.
-
-Noise: upstream registers `rand_noise = randn(1, 80, 30000)` drawn from the global RNG when the
-module is built (so it is not in flow.pt and depends on whatever ran before). Here the same
-position-indexed table is drawn once from a `torch.Generator` seeded with `config.noise_seed`.
-A chunk reads `noise[:, :, offset : offset + F]` with offset = the estimator attention cache
-length, exactly as upstream; after trimming that length stays at prompt + keep frames, so every
-later chunk reuses the same slice (upstream behaviour, kept on purpose).
-
-Caches (per timestep): cnn (n_t, depth, 2B, 2 hidden, 2); attention (n_t, depth, 2B, heads, T,
-2 head_dim), newest frames first.
-"""
+"""Conditional flow matching: cosine schedule, Euler solver, classifier-free guidance, upstream's
+operation by operation for B requests at once (docs/vocoder.md, "The flow")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Every size and rule of the Token2wav flow, and a restricted reader for the published flow.yaml.
-
-Defaults are the published sizes (Step-Audio2 / MiniCPM-o 4.5 `assets/token2wav/flow.yaml`):
-a 6561 x 512 token embedding, an UpsampleConformerEncoderV2 of 6 + 4 blocks (d=512, 8 heads,
-FFN 2048), a 16-block DiT (hidden 512, 8 heads x 64), 80 mel bins at twice the token rate.
-"""
+"""Every size and rule of the Token2wav flow, the published sizes by default, and a restricted
+reader for the published flow.yaml (docs/vocoder.md, "The flow")."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""The DiT estimator (decoder_dit.DiT, "DiT-v5"), streaming only, with explicit caches.
-
-Module and parameter names follow `stepaudio2.cosyvoice2.flow.decoder_dit` so `flow.pt` loads with
-strict=True (`decoder.estimator.*`). Every block: adaLN-Zero modulation from the timestep, chunk
-attention over [this chunk, cache] (no mask, no positions), a causal conv block (k=3), an MLP.
-
-Caches (N = rows = 2 x requests, [cond x B | uncond x B]):
-- cnn cache (depth, N, 2 * hidden, 2): the last 2 inputs of both causal convs of each block;
-- attention cache (depth, N, heads, T, 2 * head_dim), keys then values on the last axis, NEWEST
-  frame block first: upstream concatenates [this chunk, cache], not [cache, this chunk].
-
-Given `ChunkRows` (vocoder.flow.rows), the same blocks run a ragged batch: chunk and cache
-right-padded per row, pad keys masked, each row's conv caches cut at its own last frame.
-"""
+"""The DiT estimator (decoder_dit.DiT, "DiT-v5"), streaming only, with explicit caches
+(docs/vocoder.md, "The flow")."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""UpsampleConformerEncoderV2, streaming only (upstream `forward_chunk`), with explicit caches.
-
-Module and parameter names follow `stepaudio2.cosyvoice2.transformer.upsample_encoder_v2` so the
-published `flow.pt` loads with strict=True. The arithmetic follows upstream operation by
-operation; linears and convolutions go through the batch-invariant kernels of `stable`.
-`encode` also runs a ragged batch (rows of other lengths, vocoder.flow.rows): the same layers,
-with key masks and per-row cache cuts.
-
-Caches (batch axis B; the per-request state drops it):
-- cnn cache (B, C, 2 + 2 * stride): 2 frames of left context for the pre-lookahead conv2, then
-  2 * stride frames for the upsampling conv;
-- attention cache (L1 + L2, B, H, T, 2 * d_k), keys then values on the last axis, oldest frame
-  first. The L1 token-rate layers are stored repeated x2 along T ([cache, cache]) so every layer
-  has the mel-rate length T.
-"""
+"""UpsampleConformerEncoderV2, streaming only (upstream `forward_chunk`), with explicit caches
+(docs/vocoder.md, "The flow")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Token2WavFlow: CausalMaskedDiffWithXvec (tokens -> 50 Hz mel) with explicit, batched state.
-
-Parameter names and shapes equal upstream's `stepaudio2.cosyvoice2.flow.flow
-.CausalMaskedDiffWithXvec`, so the published flow.pt loads with `load_state_dict(strict=True)`.
-The module holds weights and two constant tables (rel-pos and noise); every per-request value
-lives in a `FlowState` that the caller owns.
-"""
+"""Token2WavFlow: CausalMaskedDiffWithXvec (tokens -> 50 Hz mel) under upstream's names, every
+per-request value in a `FlowState` the caller owns (docs/vocoder.md, "The flow")."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""The estimator's rows on several threads: each row's bytes are those of the whole call.
-
-The DiT estimator is row-local: a row (one request's conditional or unconditional half) never
-reads another row, and inside `tiled_gemms` no GEMM's bytes depend on which rows share it.
-So its N rows may be cut into contiguous parts, each estimated in its own thread, and joined:
-every row gets exactly the bytes of the one call over all N (tests/vocoder/test_flow_batching.py
-checks it). This is how one request's solve uses two cores: its conditional and unconditional
-rows in parallel. The caller supplies the threads (a `Runner`: the engine's decode workers,
-which enter the engine's kernel scope in each thread).
-
-Only worth it when a row's estimate is long next to what the threads cost: torch takes the GIL
-for every op it dispatches, so two threads running many small ops wait on each other. Measured
-on 2 cores (one request, one window): the published sizes (3.8 GMAC per row and call) 1.2-1.5x
-faster in two threads; the tiny model (1.8 MMAC) 1.6-2x slower. `MIN_ROW_MACS` sits between.
-"""
+"""The estimator's rows on several threads: each row's bytes are those of the whole call
+(docs/vocoder.md, "Rows on several threads")."""
 
 from __future__ import annotations
 

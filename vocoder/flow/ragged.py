@@ -1,21 +1,5 @@
-"""Ragged batching of the flow: windows of different lengths and cache lengths in ONE call.
-
-The exact path (`Token2WavFlow.decode_chunk_batch`) batches only states of equal shape. This
-module decodes B windows whose lengths, conformer and DiT cache lengths differ: it pads the
-rows, runs the exact path's modules (`UpsampleConformerEncoderV2.encode`,
-`ConditionalFlowMatching.solve`) with the rows' masks (vocoder.flow.rows), and cuts each row's
-new caches out again. So a step of N streams at mixed positions makes one flow call per
-`last_chunk` value. Rows are padded as follows, so that every valid position sees exactly the
-values its solo decode sees (only the reduction widths differ, hence a bound, not bytes;
-docs/vocoder.md):
-
-- new frames (ids, mel frames) are right-padded; the convolutions are causal (or look right
-  only into the row's own lookahead), so padding never reaches a valid position;
-- conformer caches are LEFT-padded: the query of the relative-position attention then keeps its
-  distance to every real key, and pad keys are masked;
-- DiT caches are right-padded and masked (its attention has no positions);
-- every new cache is cut out per row (the row's real frames only), then trimmed as upstream.
-"""
+"""Ragged batching of the flow: windows of different lengths and cache lengths in ONE call
+(docs/vocoder.md, "Ragged batching")."""
 
 from __future__ import annotations
 

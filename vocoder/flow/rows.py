@@ -1,9 +1,5 @@
-"""The rows of a ragged flow batch: their lengths, and the key masks and cache cuts they imply.
-
-The exact path batches equal shapes only; a ragged batch (vocoder.flow.ragged) runs the same
-modules (encoder, DiT, solver) over padded rows with these. Given none, a module runs exactly as
-the exact path does (no mask applied, every new cache cut at the common end).
-"""
+"""The rows of a ragged flow batch: their lengths, and the key masks and cache cuts they imply
+(docs/vocoder.md, "Ragged batching")."""
 
 from __future__ import annotations
 

@@ -1,42 +1,5 @@
-"""Batch-invariant building blocks: a request's numbers never depend on its batch mates.
-
-A batched decode must give every request exactly the bytes it would get alone, because the
-consumer's live (batched) audio is compared with an offline replay (batch of one). On CPU the
-stock kernels break that in four places (measured with torch 2.15 / MKL 2024.2 / oneDNN 3.13;
-see tests/vocoder/test_flow_batching.py):
-
-- `F.linear` takes a different GEMM path when the row count M is small (M < 12 and not a
-  multiple of 4 differ from M >= 12 in the last bits on the AVX2 CPU first measured), e.g. the
-  adaLN rows (M = 2 per request) or a short final window;
-- on an Intel AVX2 CPU (measured under `qemu-x86_64 -cpu Haswell-v4`) MKL's GEMM gives a row
-  different last bits at M = 25 and M = 100 as well (the encoder's pre-lookahead convolution of
-  the tiny model: K = 128, N = 32), so no row count is safe there;
-- `F.conv1d` takes a different oneDNN path at batch 1 than at batch >= 2;
-- batched `torch.matmul` with fewer than 16 rows or columns per matrix gives a matrix different
-  bits depending on how many matrices are in the batch (e.g. attention of a 1-id final window).
-
-So every projection is a row-major GEMM over at least `MIN_GEMM_ROWS` rows (zero rows padded
-and dropped), every convolution is an explicit im2col followed by that GEMM, and attention is
-written out (no fused SDPA kernel) with every batched matmul padded to at least 16 rows and
-columns. Inside `tiled_gemms()` (the engine enters it when it is batch-invariant, the default
-on CPU) every projection is a GEMM over fixed-shape row tiles: the rows of the whole call (every
-request's, one after the other) are cut into tiles of `gemm_tile(device)` rows, the last one
-zero-padded, and one batched GEMM computes every tile with the same weight. Every tile has the
-same shape whatever the batch, so the CPU's kernels see the same M, take the same path and the
-same K blocking, and a row's bytes depend neither on how many rows share the call nor on which
-tile or position in a tile it lands in (a GEMM row is a reduction over K of that row alone);
-the weight is reused across the tile's rows, whoever's they are. Outside it (a GPU engine) one
-call covers the whole batch.
-
-"Every tile" is one batched GEMM call (`torch.baddbmm` over a leading tile axis), not a Python
-loop: a batched GEMM computes each of its matrices as a lone GEMM of that matrix's shape, so every
-tile gets the bytes of the one-tile call whatever the tile count (checked bytewise natively on an
-AVX-512 Intel CPU and under `qemu-x86_64 -cpu Haswell-v4`, where the row-count dependence above is
-real; tests/vocoder/test_flow_batching.py checks it on the machine that runs it). The tile size
-was chosen by measurement (BENCHMARKS.md, "Issue 61"): `CPU_GEMM_TILE` rows, a little above the
-rows of one estimator row of a 25-token window (50 mel frames), so a lone row pads little and a
-batch of 16 shares each weight load over 52 rows instead of 50 per request row.
-"""
+"""Batch-invariant building blocks: a request's numbers never depend on its batch mates
+(docs/vocoder.md, "Batch versus solo")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The per-request flow state: one frozen, serialisable value; nothing per-request in modules.
-
-Batching stacks the states of B requests (equal `shape_signature`) into the batched cache
-layouts of `encoder` and `cfm`, and splits the result back into B states that own their memory.
-"""
+"""The per-request flow state: one frozen, serialisable value, stacked into a batch and split
+back (docs/vocoder.md, "The flow")."""
 
 from __future__ import annotations
 

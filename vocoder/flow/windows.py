@@ -1,9 +1,5 @@
-"""The canonical window schedule of a token stream (MiniCPM-o's 25 + 3 buffering rule).
-
-The flow stream is exact only for a fixed schedule: the same ids cut into different windows
-give different audio. Cutting every stream the same way makes the audio independent of how the
-ids arrived (record sizes, batching, replays).
-"""
+"""The canonical window schedule of a token stream, MiniCPM-o's 25 + 3 buffering rule
+(docs/vocoder.md, "Windows and sample counts")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Which kernels decide the vocoder's bytes: `native` (torch's own: fastest, bytes depend on the
-CPU vendor and ISA, the GPU model, the torch build) or `portable` (the vocoder's numerically
-sensitive ops owned by vocoder.kernels.portable: the same bytes on every x86-64 CPU for one
-torch version, at a measured cost, see BENCHMARKS.md).
-
-    with kernel_scope("portable"):
-        ...  # every torch op in this thread runs portably (or is refused)
-"""
+"""Which kernels decide the vocoder's bytes: `native` (torch's own) or `portable` (the same bytes
+on every x86-64 CPU), per thread by `kernel_scope` (docs/determinism.md, "Portable kernels")."""
 
 from __future__ import annotations
 

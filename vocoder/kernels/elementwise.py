@@ -1,11 +1,5 @@
 """Portable elementwise ops: each output element from one or two input elements, computed in
-float64 and rounded once to the caller's dtype.
-
-add/sub with an alpha as two rounded operations, powers as products, exp/log/sin/cos/tanh and
-the activations (gelu, silu, mish, elu) as `exactmath`'s float64 polynomials, and linear
-upsampling with torch's own coordinate mapping. `HANDLERS` maps each aten op to its kernel
-(the dispatch mode, vocoder.kernels.portable, looks them up).
-"""
+float64 and rounded once to the caller's dtype (docs/determinism.md, "Portable kernels")."""
 
 from __future__ import annotations
 

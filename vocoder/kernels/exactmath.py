@@ -1,17 +1,5 @@
-"""Deterministic float64 math from IEEE basic operations only.
-
-Every function here is a fixed sequence of tensor additions, subtractions, multiplications,
-divisions, square roots, roundings and bit operations, each of which IEEE 754 defines exactly
-(correctly rounded). Executed one torch op at a time, such a sequence gives the same bits on every
-x86-64 CPU whatever vector width, vendor library or FMA contraction the native kernels would use.
-The price is speed; the accuracy is that of float64 polynomials (about 1e-16 relative), far finer
-than the float32 results that are rounded from them once.
-
-`exact_*` reductions make order irrelevant instead: the operands are first rounded to integers
-times a power of two, few enough bits that every partial sum is an exactly representable float64
-integer, so any summation order (any BLAS, any conv algorithm built from products and sums) gives
-the same exact result.
-"""
+"""Deterministic float64 math from IEEE basic operations only, and sums whose order cannot
+matter (docs/determinism.md, "Portable kernels")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Portable tensor factories: randn as torch's own Box-Muller over its own (exact) uniform
-draws with the transcendentals in float64, and arange / linspace by torch's formulas in
-float64, rounded once. `HANDLERS` maps each aten op to its kernel (the dispatch mode,
-vocoder.kernels.portable, looks them up); `box_muller` also serves the flow's noise table.
-"""
+"""Portable tensor factories: randn, arange and linspace by torch's own formulas in float64,
+rounded once (docs/determinism.md, "Portable kernels")."""
 
 from __future__ import annotations
 

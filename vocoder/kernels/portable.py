@@ -1,23 +1,5 @@
-"""Portable kernels: the vocoder's numerically sensitive torch ops, owned so that the audio bytes
-are the same on every x86-64 CPU (determinism.md: the native kernels differ by vendor and ISA).
-
-`PortableKernels` is a TorchDispatchMode. Inside it every aten op the vocoder runs is either
-- exact everywhere, and runs natively: views, copies, indexing, comparisons, max/min, clamp,
-  float casts, and the IEEE basic operations (add/sub with alpha 1, mul, div, sqrt), which every
-  CPU rounds identically, one op at a time;
-- replaced: matmul/linear/conv in float64 on operands rounded to integers small enough that every
-  partial sum is exact (`exactmath.quantize`), so the BLAS/convolution order cannot matter;
-  reductions (layer norm, softmax, norms) as fixed-order pairwise sums; exp/log/sin/cos/tanh and
-  the activations as float64 polynomials (`exactmath`); stft/istft as DFT products and a
-  fixed-order overlap-add; randn as torch's own Box-Muller over its uniform draws;
-- or refused with PortableKernelError: an op not listed here could round differently by CPU, so
-  it is a bug to run it in portable mode, never a silent fallback.
-
-Each replaced op computes in float64 and rounds once to the caller's dtype. The results differ
-from the native kernels' by float32 rounding noise (see BENCHMARKS.md for the measured bound).
-The replaced ops' kernels live by kind, each module with its table of the ops it owns:
-`elementwise`, `reductions`, `products`, `spectra`, `factories`.
-"""
+"""Portable kernels: the dispatch mode that owns the vocoder's numerically sensitive torch ops, so
+that the audio bytes are the same on every x86-64 CPU (docs/determinism.md, "Portable kernels")."""
 
 from __future__ import annotations
 
@@ -88,8 +70,8 @@ def _handlers(gemm: IntegerProducts | None) -> dict[Any, Callable[..., Any]]:
 
 
 class PortableKernels(TorchDispatchMode):
-    """Run the enclosed torch code with the portable kernels (module doc). Thread-local: enter
-    it in every thread that computes."""
+    """Run the enclosed torch code with the portable kernels (docs/determinism.md, "Portable
+    kernels"). Thread-local: enter it in every thread that computes."""
 
     def __init__(self, gemm: IntegerProducts | None = None) -> None:
         super().__init__()

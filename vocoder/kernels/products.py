@@ -1,13 +1,5 @@
 """Portable products: matmul, linear and the 1-D convolutions, exact whatever their summation
-order.
-
-Each operand is rounded to integers times a per-row (or per-channel) power of two, with few
-enough bits that every partial sum of the product is an integer below 2**53 (`exactmath
-.quantize_scaled`); the product is then exact in float64 BLAS or in int64 loops alike
-(`IntegerProducts` picks the faster), rescaled and rounded once to the caller's dtype. A
-module's weights are quantized once and kept (`_WeightCache`). `handlers(gemm)` maps each aten
-op to its kernel (the dispatch mode, vocoder.kernels.portable, looks them up).
-"""
+order (docs/determinism.md, "Portable kernels")."""
 
 from __future__ import annotations
 

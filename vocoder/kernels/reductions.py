@@ -1,8 +1,5 @@
-"""Portable reductions: softmax, layer norm, vector norm, sum, mean and cumsum as fixed-order
-pairwise sums in float64 (`exactmath.tree_sum`), rounded once to the caller's dtype, so no
-vector width or thread count changes the order of the additions. `HANDLERS` maps each aten op
-to its kernel (the dispatch mode, vocoder.kernels.portable, looks them up).
-"""
+"""Portable reductions: softmax, layer norm, norms, sums, means and cumsum as fixed-order
+pairwise sums in float64 (docs/determinism.md, "Portable kernels")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Portable spectra: stft and istft (and the _fft_r2c / _fft_c2r they become outside inference
-mode) as exact products with float64 DFT tables (`products.matmul_exact`) and a fixed-order
-overlap-add, rounded once to the caller's dtype. `HANDLERS` maps each aten op to its kernel
-(the dispatch mode, vocoder.kernels.portable, looks them up).
-"""
+"""Portable spectra: stft and istft as exact products with float64 DFT tables and a fixed-order
+overlap-add (docs/determinism.md, "Portable kernels")."""
 
 from __future__ import annotations
 

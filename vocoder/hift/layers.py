@@ -1,6 +1,5 @@
-"""What both HiFT variants build their generators from (scheme A's `HiFTGenerator` and the causal
-`CausalHiFTGenerator`, the same parameter names): the Snake activation, the resblock and
-source-down stacks, the filter network's order of operations, and the weight-norm fusion."""
+"""What both HiFT variants build their generators from: Snake, the resblock and source-down
+stacks, the filter stages, the weight-norm fusion (docs/vocoder.md, "HiFT, scheme A")."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift.config import HiftConfig
 
 
 class Snake(nn.Module):

@@ -1,11 +1,5 @@
-"""Causal HiFT (CosyVoice3 `CausalHiFTGenerator`), the generator of scheme B.
-
-The module tree reproduces `stepaudio2.causal_vocoder.generator.CausalHiFTGenerator` with the
-`CausalConvRNNF0Predictor` of `minicpmo-utils` 1.0.7, so that release's `hift.pt` (next to its
-`config.yaml`) loads with `strict=True`. Its layers (upstream causal_vocoder/convolution.py) pad
-on one side, zeros or the given look-ahead context, so a stream can be vocoded call by call;
-the bounded streaming rule that does it is vocoder.causal_stream (`CausalVocoder`).
-"""
+"""`CausalHiFTGenerator`, scheme B's generator: CosyVoice3's causal HiFT as minicpmo-utils
+1.0.7 ships it, its layers padded on one side only (docs/vocoder.md, "Scheme B")."""
 
 from __future__ import annotations
 
@@ -20,10 +14,10 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_init import initialise_hift
-from codeclog.vocoder.hift_layers import Snake, filter_stages, resblock_stacks, source_downs
-from codeclog.vocoder.hift_windows import hann_periodic
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.fixture_weights import initialise_hift
+from codeclog.vocoder.hift.layers import Snake, filter_stages, resblock_stacks, source_downs
+from codeclog.vocoder.hift.window_functions import hann_periodic
 from codeclog.vocoder.kernels import portable_active
 
 if TYPE_CHECKING:
@@ -275,7 +269,7 @@ def build_causal_hift(config: CausalHiftConfig) -> CausalHiFTGenerator:
 
 def initialise_causal_hift(model: CausalHiFTGenerator, seed: int) -> None:
     """Seeded random weights for fixtures, tests and benchmarks (real ones come from hift.pt):
-    the scheme-A fixture rule (`vocoder.hift_init.initialise_hift`: every layer
+    the scheme-A fixture rule (`vocoder.hift.fixture_weights.initialise_hift`: every layer
     U(+-gain/sqrt(fan_in)), weight-norm gains equal to their direction's norm, Snake alphas 1)
     and the F0 head biased to about 150 Hz, so most frames are voiced and the harmonic source
     runs."""

@@ -1,29 +1,6 @@
 """Scheme B's bounded streaming rule: `CausalVocoder` streams rows through one
-`CausalHiFTGenerator`, reproducing `causal_vocoder.bounded_vocoder.BoundedVocoder.stream` plus
-the lead-in of `Token2wav._stream_vocode` (tests/vocoder/test_causal_hift_parity.py checks both
-against the package); `CausalHiftCache` is one stream's state between calls.
-
-Streaming, per stream (no cross-fade, no randomness drawn per call):
-
-- the vocoder has a fixed delay of 8 mel frames: F0 right context 3 (the F0 predictor's first
-  conv, k=4, looks 3 frames ahead), conv_pre right context 4, and 1 iSTFT frame;
-- fresh mel is taken in internal blocks of 16 frames; after each block the F0 and excitation are
-  extended as far as the right context allows, and speech up to `source_end - 5` frames is
-  vocoded from a bounded history (`CausalLimits.history` frames) and emitted;
-- F0 is predicted in float64 and the harmonic phase is accumulated in float64 modulo 1;
-- the additive noise is read from a fixed uniform table at absolute sample positions, so a
-  stream's noise never depends on its batch mates or on how its mel was chunked.
-
-Sample counts (tested): a call emits (available - emitted) * 480 samples, where available =
-frames received - 8 for a non-final call and all frames received for the final one; the first
-call that emits audio, if it is not final, is preceded by 8 * 480 = 3840 zero samples (upstream's
-lead-in, which keeps scheme B aligned with scheme A's hold-back). So canonical 50-frame windows
-give 24000 samples each, the final flush releases the pending 3840, and a whole stream of N mel
-frames emits N * 480 + 3840 samples (N * 480 when its only window is final).
-
-Output is chunk-invariant up to float rounding (convolutions over different input lengths);
-bit-identical for any chunking whose call boundaries fall on multiples of 16 frames.
-"""
+`CausalHiFTGenerator`; `CausalHiftCache` is one stream's state between calls (docs/vocoder.md,
+"Scheme B")."""
 
 from __future__ import annotations
 
@@ -35,14 +12,14 @@ from fractions import Fraction
 import torch
 from torch import Tensor, nn
 
-from codeclog.vocoder.causal_hift import (
+from codeclog.vocoder.errors import VocoderInputError
+from codeclog.vocoder.hift.causal import (
     CausalHiftConfig,
     CausalHiFTGenerator,
     CausalResBlock,
     causal_padding_of,
 )
-from codeclog.vocoder.errors import VocoderInputError
-from codeclog.vocoder.hift_layers import fuse_weight_norm
+from codeclog.vocoder.hift.layers import fuse_weight_norm
 
 F64 = torch.float64
 
@@ -372,8 +349,8 @@ def _counters(cache: CausalHiftCache) -> _Counters:
 
 
 def emitted_samples(frames_per_call: Sequence[int], delay: int = 8, hop: int = 480) -> list[int]:
-    """The documented sample-count rule: samples each call emits for a stream fed these mel
-    frame counts, the last call final (see the module doc). Used by tests and the engine."""
+    """The documented sample-count rule (docs/vocoder.md, "Scheme B"): samples each call emits
+    for a stream fed these mel frame counts, the last call final. Used by tests and the engine."""
     out: list[int] = []
     received = emitted = 0
     for index, frames in enumerate(frames_per_call):

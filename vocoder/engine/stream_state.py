@@ -1,15 +1,5 @@
-"""The per-request stream state of the Code2Wav engine: one frozen value and its exact bytes.
-
-A `StreamState` is everything one (request, epoch) stream carries from a window to the next:
-the flow caches (a `FlowState`), the HiFT state of the engine's variant (scheme A's `HiftCache`:
-held mel, excitation and cross-fade samples; or scheme B's `CausalHiftCache`: the causal HiFT's
-bounded mel and excitation history, float64 phases and frame counters), the stream seed and the
-counters. The caller owns it; the engine never mutates one. `to_bytes` / `from_bytes` are exact
-and self-describing (format v1: magic, version, a JSON header, the HiFT tensors, then
-`FlowState.to_bytes()`), through the one tensor codec of `vocoder.tensor_codec`. A causal
-state's header says `"hift": "causal"` and carries the cache's integers; a non-causal state's
-header has no `hift` key (the bytes of scheme-A states are those of before the causal variant).
-"""
+"""`StreamState`: everything one stream carries from a window to the next, as one frozen value,
+and its exact bytes (docs/vocoder.md, "A stream's state")."""
 
 from __future__ import annotations
 
@@ -22,10 +12,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from codeclog.vocoder.causal_stream import CausalHiftCache
 from codeclog.vocoder.errors import StreamStateError
 from codeclog.vocoder.flow import FlowState, FlowStateError
-from codeclog.vocoder.hift_stream import HiftCache
+from codeclog.vocoder.hift.causal_stream import CausalHiftCache
+from codeclog.vocoder.hift.noncausal_stream import HiftCache
 from codeclog.vocoder.tensor_codec import tensor_bytes, tensor_from_bytes, tensor_spec
 
 __all__ = ["StreamState", "StreamStateError"]

@@ -1,16 +1,5 @@
-"""The rows of a ragged HiFT call, and the masks that keep each row equal to its solo call.
-
-`hift_stream.stream_step` vocodes rows of equal shape only; `stream_step_ragged` runs the same
-generator over rows of any cache and window lengths, given their `HiftRows`. Each row's mel (its
-cached frames then its new frames) is right-padded with zeros to the widest row, its excitation
-noise is drawn at its own length (so it equals the solo draw) and zero-padded, its cached
-excitation replaces its own first samples, and its audio, cross-fade and new caches are cut at
-its own end. HiFT is non-causal, so every convolution's output is zeroed past each row's end (a
-solo call pads with zeros there too), as are the excitation and the iSTFT magnitudes of padded
-frames. What remains different is only where a solo call reflects or clamps at its own end (the
-STFT's reflect padding, the sine phase interpolation, the iSTFT window envelope): a few samples
-at a row's end, measured in docs/vocoder.md ("Ragged batching").
-"""
+"""The rows of a ragged HiFT call, and the masks that keep each row equal to its solo call
+(docs/vocoder.md, "Ragged batching")."""
 
 from __future__ import annotations
 

@@ -1,23 +1,5 @@
-"""The streaming Code2Wav engine: codec-id windows in, 24 kHz audio out, state explicit.
-
-    engine = Code2WavEngine.from_spec("tiny")          # or a checkpoint directory
-    state = engine.setup(seed=stream_seed(request_id, cache_epoch))
-    [(audio, state)] = engine.decode_batch([(state, window_ids, final)])
-    engine.release(state)
-
-A request's whole streaming state is one frozen `StreamState` value (flow caches, HiFT caches,
-seed, counters) that the caller owns; nothing per-request lives in the engine except the shared,
-read-only per-voice prompt states. `decode_batch` never mutates its inputs: on any error (a
-refused item, vocoder.window_checks, or a failure while a group computes, e.g. out of memory)
-the caller still holds the old states and may retry the items solo. The engine takes ownership
-of the modules it is given (moves, casts, fuses them) and is not thread-safe.
-
-docs/vocoder.md is the engine's manual: windows and sample counts of both HiFT schemes, exact
-and ragged batching, why a batched row is byte-identical to its solo decode, devices and dtypes.
-A call's parts: vocoder.window_checks (what is refused), vocoder.slicing (groups, slices and the
-decode workers), vocoder.slice_decode (one slice's flow and HiFT), vocoder.memory_budget (state
-sizes and the budget), vocoder.engine_options (options and the combinations refused).
-"""
+"""`Code2WavEngine`: codec-id windows in, 24 kHz audio out, every stream's state a value the
+caller owns (its manual: docs/vocoder.md, "Using the engine", and the sections after it)."""
 
 from __future__ import annotations
 
@@ -31,8 +13,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from codeclog.vocoder.causal_hift import CausalHiFTGenerator
-from codeclog.vocoder.causal_stream import CausalVocoder
 from codeclog.vocoder.checkpoint import (
     HiftVariant,
     choose_hift_variant,
@@ -42,58 +22,50 @@ from codeclog.vocoder.checkpoint import (
     load_checkpoint,
     load_fixture,
 )
-from codeclog.vocoder.determinism import DeterminismSettings, apply_determinism, stream_seed
+from codeclog.vocoder.determinism import DeterminismSettings, apply_determinism
 from codeclog.vocoder.domain import determinism_domain, engine_domain_suffix
-from codeclog.vocoder.engine_options import (
+from codeclog.vocoder.engine.memory_budget import (
+    free_device_bytes,
+    peak_state_bytes,
+    state_budget_bytes,
+)
+from codeclog.vocoder.engine.options import (
     DTYPES,
     EngineOptions,
     check_choices,
     check_placement,
     default_kernels,
 )
-from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
-from codeclog.vocoder.flow import FlowState, Token2WavFlow
-from codeclog.vocoder.flow.parallel import RowThreads
-from codeclog.vocoder.flow.stable import gemm_tile, tiled_gemms
-from codeclog.vocoder.hift import HiFTGenerator
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_layers import fuse_weight_norm
-from codeclog.vocoder.hift_stream import HiftCache
-from codeclog.vocoder.kernels import Kernels, kernel_scope
-from codeclog.vocoder.memory_budget import free_device_bytes, peak_state_bytes, state_budget_bytes
-from codeclog.vocoder.shared import pcm_s16le
-from codeclog.vocoder.slice_decode import Decoded, SliceDecoder
-from codeclog.vocoder.slicing import (
+from codeclog.vocoder.engine.slice_decode import Decoded, SliceDecoder
+from codeclog.vocoder.engine.slicing import (
     DecodeWorkers,
     default_workers,
     equal_shape_groups,
     final_groups,
     split,
 )
-from codeclog.vocoder.stream_state import HiftState, StreamState
-from codeclog.vocoder.voice import Voice, default_voice
-from codeclog.vocoder.window_checks import (
+from codeclog.vocoder.engine.stream_state import HiftState, StreamState
+from codeclog.vocoder.engine.window_checks import (
     DecodeItem,
     Window,
-    WindowRejectedError,
-    WindowRejectReason,
     WindowRules,
     flow_refused,
 )
+from codeclog.vocoder.errors import VocoderConfigError, VocoderInputError
+from codeclog.vocoder.flow import FlowState, Token2WavFlow
+from codeclog.vocoder.flow.parallel import RowThreads
+from codeclog.vocoder.flow.stable import gemm_tile, tiled_gemms
+from codeclog.vocoder.hift.causal import CausalHiFTGenerator
+from codeclog.vocoder.hift.causal_stream import CausalVocoder
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.layers import fuse_weight_norm
+from codeclog.vocoder.hift.noncausal import HiFTGenerator
+from codeclog.vocoder.hift.noncausal_stream import HiftCache
+from codeclog.vocoder.kernels import Kernels, kernel_scope
+from codeclog.vocoder.voice import Voice, default_voice
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
-
-__all__ = [
-    "Code2WavEngine",
-    "VocoderInputError",
-    "Voice",
-    "WindowRejectReason",
-    "WindowRejectedError",
-    "default_voice",
-    "pcm_s16le",
-    "stream_seed",
-]
 
 SAMPLE_RATE_HZ = 24000
 PROMPT_CACHE_SIZE = 8  # voices whose prompt state is kept (each is ~1 MB per prompt frame, full)
@@ -115,7 +87,7 @@ class DecodeCalls:
 
 class Code2WavEngine:
     """Token2wav flow + HiFT (scheme A, or the causal HiFT of scheme B when `hift` is a
-    CausalHiFTGenerator) with explicit per-request state. See the module doc."""
+    CausalHiFTGenerator) with explicit per-request state (docs/vocoder.md, "Using the engine")."""
 
     sample_rate_hz: int = SAMPLE_RATE_HZ
 
@@ -313,12 +285,12 @@ class Code2WavEngine:
 
     def peak_state_bytes(self, voice: Voice | None = None) -> int:
         """The most bytes one stream's state of `voice` ever holds between windows; a memory
-        budget charges every open stream this much (vocoder.memory_budget)."""
+        budget charges every open stream this much (vocoder.engine.memory_budget)."""
         flow, keep = self.setup(voice).flow, self.flow_config.att_keep_frames
         return peak_state_bytes(flow, keep, self.hift_config, self.causal)
 
     def default_state_budget_bytes(self) -> int:
-        """The default memory budget of open stream states (vocoder.memory_budget)."""
+        """The default memory budget of open stream states (vocoder.engine.memory_budget)."""
         return state_budget_bytes(self.device, self.free_bytes_at_start)
 
     def release(self, state: StreamState) -> None:
@@ -346,11 +318,12 @@ class Code2WavEngine:
         return [result for result in results if result is not None]
 
     def _validate(self, index: int, item: DecodeItem) -> Window:
-        """Item `index`, checked (vocoder.window_checks), its state on the engine's device."""
+        """Item `index`, checked (vocoder.engine.window_checks), its state on the engine's
+        device."""
         window = self._rules.check(index, item)
         return dataclasses.replace(window, state=self._on_device(window.state))
 
-    _groups = staticmethod(equal_shape_groups)  # the exact path's groups (vocoder.slicing)
+    _groups = staticmethod(equal_shape_groups)  # the exact path's groups (vocoder.engine.slicing)
 
     def _on_device(self, state: StreamState) -> StreamState:
         if state.hift_mel.device == self.device and state.flow.spk.device == self.device:
@@ -377,7 +350,7 @@ class Code2WavEngine:
 
     def _decode_ragged(self, group: Sequence[Window]) -> list[Decoded]:
         """Every window of one final flag in one flow and one HiFT call per decode worker
-        (vocoder.flow.ragged, vocoder.hift_ragged; the group cut into contiguous slices that the
+        (vocoder.flow.ragged, vocoder.hift.rows; the group cut into contiguous slices that the
         workers decode side by side): rows within the documented bound of their solo decode,
         whatever their batch mates. Every row is checked before any computes."""
         final = group[0].final

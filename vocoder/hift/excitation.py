@@ -1,13 +1,5 @@
-"""Scheme A's NSF excitation with its randomness as an input: `SourceNoise` (drawn per row by
-`draw_source_noise` from the row's own seeded generator), the harmonic sine source `SineGen2`
-and `SourceModuleHnNSF2`, upstream's modules and parameter names.
-
-Upstream draws the harmonic start phases (`torch.rand`) and the additive source noise
-(`torch.randn_like`) from the global RNG on every call, so in a batch a request's audio depends
-on its batch mates and on whatever else used the RNG; here the caller passes them. Upstream also
-draws an unused noise branch (`SourceModuleHnNSF2` returns it, `HiFTGenerator` drops it); we do
-not draw it, which changes nothing audible.
-"""
+"""Scheme A's NSF excitation with its randomness an input: `SourceNoise`, `draw_source_noise` and
+upstream's `SineGen2`, `SourceModuleHnNSF2` (docs/vocoder.md, "Randomness and determinism")."""
 
 from __future__ import annotations
 
@@ -19,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_ragged import HiftRows, hold_phase
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.rows import HiftRows, hold_phase
 
 
 @dataclasses.dataclass(frozen=True)

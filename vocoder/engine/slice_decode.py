@@ -1,6 +1,5 @@
-"""One slice of a decode_batch call, decoded in the calling thread: the flow over its windows, the
-engine's HiFT variant over their mel, and each window's audio (float32 numpy) with its next
-StreamState. The caller enters the engine's kernel scope and inference mode around it."""
+"""One slice of a decode_batch call, decoded in the calling thread: its flow, its HiFT, each
+window's audio and next StreamState (docs/vocoder.md, "Inside a decode_batch call")."""
 
 from __future__ import annotations
 
@@ -11,16 +10,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from codeclog.vocoder.causal_stream import CausalHiftCache, CausalVocoder
 from codeclog.vocoder.determinism import window_seed
+from codeclog.vocoder.engine.stream_state import HiftState, StreamState
+from codeclog.vocoder.engine.window_checks import Window, flow_refused
 from codeclog.vocoder.errors import VocoderInputError
 from codeclog.vocoder.flow import FlowState, Token2WavFlow
 from codeclog.vocoder.flow.parallel import RowThreads
 from codeclog.vocoder.flow.ragged import decode_ragged
-from codeclog.vocoder.hift import HiFTGenerator
-from codeclog.vocoder.hift_stream import HiftCache, stream_step, stream_step_ragged
-from codeclog.vocoder.stream_state import HiftState, StreamState
-from codeclog.vocoder.window_checks import Window, flow_refused
+from codeclog.vocoder.hift.causal_stream import CausalHiftCache, CausalVocoder
+from codeclog.vocoder.hift.noncausal import HiFTGenerator
+from codeclog.vocoder.hift.noncausal_stream import HiftCache, stream_step, stream_step_ragged
 
 Decoded = tuple[np.ndarray, StreamState]
 
@@ -66,7 +65,7 @@ class SliceDecoder:
 
     def ragged(self, part: Sequence[Window]) -> list[Decoded]:
         """Windows of any lengths and one final flag in one flow and one HiFT call (vocoder.flow
-        .ragged, vocoder.hift_ragged); the flow's checks ran for the whole group before."""
+        .ragged, vocoder.hift.rows); the flow's checks ran for the whole group before."""
         final = part[0].final
         states = [w.state.flow for w in part]
         mels, flow_states = decode_ragged(self.flow, states, [w.ids for w in part], final)

@@ -1,8 +1,6 @@
-"""What the engine refuses, and why: every item of a decode_batch call is checked
-(`WindowRules.check`) before anything computes, and a refusal is a `WindowRejectedError` naming
-the item and a stable `WindowRejectReason`. The flow's own capacity checks (`flow_refused`) run
-when an item's group is reached, still before that group computes. No state changes either way:
-states are values, so the caller keeps the old ones."""
+"""What the engine refuses before anything computes: every item (`WindowRules.check`), then
+every group (`flow_refused`), each a `WindowRejectedError` with a stable reason
+(docs/vocoder.md, "Inside a decode_batch call")."""
 
 from __future__ import annotations
 
@@ -10,8 +8,8 @@ import dataclasses
 import enum
 from collections.abc import Sequence
 
+from codeclog.vocoder.engine.stream_state import StreamState
 from codeclog.vocoder.errors import VocoderInputError
-from codeclog.vocoder.stream_state import StreamState
 
 DecodeItem = tuple[StreamState, Sequence[int], bool]
 

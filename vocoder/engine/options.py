@@ -1,5 +1,5 @@
 """The engine's options (`EngineOptions`): their choices, their defaults and the combinations an
-engine refuses to be built with (a `VocoderConfigError`, before any weight moves)."""
+engine refuses to be built with (docs/vocoder.md, "Inside a decode_batch call")."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class EngineOptions(TypedDict, total=False):
     dtype: str  # the flow's: "float32" (the default), "bfloat16", "float16" (CUDA only)
     batch_invariant: bool | None  # None: on the CPU (rows byte-identical to solo decodes)
     threads: int | None  # intra-op threads (vocoder.determinism); None: its default
-    workers: int | None  # decode workers; None: `vocoder.slicing.default_workers`
+    workers: int | None  # decode workers; None: `vocoder.engine.slicing.default_workers`
     voice: Voice | None  # the default voice; None: `vocoder.voice.default_voice`
     kernels: str | Kernels | None  # "native" or "portable"; None: `default_kernels`
     batching: str  # "exact" (the default) or "ragged"
@@ -39,7 +39,7 @@ def check_choices(dtype: str, batching: str, causal: bool) -> None:
         raise VocoderConfigError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
     if causal and batching == "ragged":
         raise VocoderConfigError(
-            "the causal HiFT cannot batch ragged (vocoder.hift_ragged is scheme A only): "
+            "the causal HiFT cannot batch ragged (vocoder.hift.rows is scheme A only): "
             "use batching exact"
         )
 

@@ -1,7 +1,5 @@
-"""The HiFT's constant windows, the same bytes on every CPU under portable kernels: the iSTFT's
-periodic Hann window (both variants) and scheme A's Hamming cross-fade window. numpy builds
-them natively, as upstream does; under portable kernels numpy's cos (vectorised differently by
-CPU) is replaced by the portable one (`exactmath.cos`)."""
+"""The HiFT's constant windows, the iSTFT's periodic Hann and scheme A's Hamming cross-fade: the
+same bytes on every CPU under portable kernels (docs/vocoder.md, "HiFT, scheme A")."""
 
 from __future__ import annotations
 

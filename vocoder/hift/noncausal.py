@@ -1,17 +1,5 @@
-"""HiFT (NSF + iSTFTNet): scheme A's generator, `HiFTGenerator`.
-
-The module tree reproduces `stepaudio2.flashcosyvoice.modules.hifigan.HiFTGenerator` (as used by
-`stepaudio2-minicpmo` 0.1.1 and `minicpmo-utils` 1.0.5/1.0.7) so the published `hift.pt` loads
-with `strict=True` (after stripping a `generator.` prefix). Two differences, both on purpose:
-
-- Randomness is an input: the caller passes the call's `SourceNoise` (vocoder.hift_source, one
-  seeded generator per row), where upstream draws from the global RNG.
-- Sizes come from `HiftConfig` (vocoder.hift_config), so a tiny model runs the same code on a
-  2-core CPU.
-
-Its streaming rule (scheme A) is vocoder.hift_stream; what it shares with the causal HiFT,
-vocoder.hift_layers; its fixture weights, vocoder.hift_init.
-"""
+"""`HiFTGenerator` (NSF + iSTFTNet), scheme A's generator: upstream's module tree, its randomness
+an input and its sizes a `HiftConfig` (docs/vocoder.md, "HiFT, scheme A")."""
 
 from __future__ import annotations
 
@@ -22,11 +10,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_layers import Snake, filter_stages, resblock_stacks, source_downs
-from codeclog.vocoder.hift_ragged import HiftRows, masked_convs, reflect_ends, solo_envelope
-from codeclog.vocoder.hift_source import SourceModuleHnNSF2, SourceNoise
-from codeclog.vocoder.hift_windows import hann_periodic
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.excitation import SourceModuleHnNSF2, SourceNoise
+from codeclog.vocoder.hift.layers import Snake, filter_stages, resblock_stacks, source_downs
+from codeclog.vocoder.hift.rows import HiftRows, masked_convs, reflect_ends, solo_envelope
+from codeclog.vocoder.hift.window_functions import hann_periodic
 from codeclog.vocoder.kernels import portable_active
 
 UPSTREAM_PREFIX = "generator."  # hift.pt keys carry it when saved from the training wrapper
@@ -148,7 +136,7 @@ class HiFTGenerator(nn.Module):
         """mel (B, 80, T), cache_source (B, 1, S) with S <= T*480 (S = 0: none) ->
         (speech (B, T*480), excitation (B, 1, T*480)). The first S excitation samples are
         replaced by the cache so the re-vocoded overlap keeps the previous window's source.
-        With `rows` a ragged call (vocoder.hift_ragged): mel right-padded, row b's cache its
+        With `rows` a ragged call (vocoder.hift.rows): mel right-padded, row b's cache its
         first rows.cached[b] samples, every row vocoded as if alone (within rounding)."""
         with masked_convs(self, rows):
             f0 = self.f0_predictor(mel)

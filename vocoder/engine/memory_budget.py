@@ -1,14 +1,13 @@
-"""The memory budget of open streams: the most bytes one stream's state ever holds between
-windows (`peak_state_bytes`), which consumers.stream.limit charges every open stream, and the
-default budget those charges must fit in (`state_budget_bytes`)."""
+"""The memory budget of open streams: a stream state's peak bytes between windows, and the default
+budget their charges must fit in (docs/vocoder.md, "Inside a decode_batch call")."""
 
 from __future__ import annotations
 
 import torch
 
-from codeclog.vocoder.causal_stream import CausalVocoder
 from codeclog.vocoder.flow import FlowState
-from codeclog.vocoder.hift_config import HiftConfig
+from codeclog.vocoder.hift.causal_stream import CausalVocoder
+from codeclog.vocoder.hift.config import HiftConfig
 
 # The open-stream state budget (consumers.stream.limit): on CUDA this share of the device memory
 # free after the weights loaded (the rest is a decode batch's working memory and the allocator's

@@ -1,10 +1,5 @@
-"""Scheme A, upstream's streaming rule (`Token2wav.stream`, vllm-omni `BatchedToken2Wav`): every
-window is vocoded together with the previous 8 mel frames; the NSF excitation of those frames
-is replaced by the cached excitation, the first overlap samples are cross-faded with the held
-previous tail by a Hamming window, and the last 3840 samples are held back until the next window
-(all released on the final window). `HiftCache` is one stream's state between windows,
-`stream_step` one window for rows of equal shapes, `stream_step_ragged` for rows of any shapes
-(vocoder.hift_ragged)."""
+"""Scheme A's streaming rule, upstream's: every window vocoded with the 8 mel frames before it,
+cross-faded with the held tail (docs/vocoder.md, "HiFT, scheme A")."""
 
 from __future__ import annotations
 
@@ -15,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from codeclog.vocoder.hift import HiFTGenerator
-from codeclog.vocoder.hift_config import HiftConfig
-from codeclog.vocoder.hift_ragged import HiftRows
-from codeclog.vocoder.hift_source import draw_source_noise
-from codeclog.vocoder.hift_windows import fade_window
+from codeclog.vocoder.hift.config import HiftConfig
+from codeclog.vocoder.hift.excitation import draw_source_noise
+from codeclog.vocoder.hift.noncausal import HiFTGenerator
+from codeclog.vocoder.hift.rows import HiftRows
+from codeclog.vocoder.hift.window_functions import fade_window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +96,7 @@ def stream_step_ragged(
     noise_seeds: Sequence[int],
 ) -> StreamStep:
     """`stream_step` for B rows of any cache and window lengths in one call; mels[b] is
-    (80, F_b). Each row within rounding of its solo step (vocoder.hift_ragged)."""
+    (80, F_b). Each row within rounding of its solo step (vocoder.hift.rows)."""
     return _step(hift, caches, mels, final, noise_seeds, ragged=True)
 
 

@@ -1,23 +1,14 @@
-"""A decode step of many streams at mixed positions, and the model calls it costs.
-
-For benchmarks, tests and the device check: `mixed_position_items(engine, 100)` builds one
-decode item per stream, with streams at different positions (0 to `max_windows` windows decoded
-before, so different cache lengths) and different windows (25 + 3 ids, or a final window of 1 to
-27 ids for every fourth stream); `decode_calls(engine, items)` runs that one step and returns
-how many flow and HiFT calls the engine made for it.
-
-    items = mixed_position_items(engine, streams=100)
-    calls = decode_calls(engine, items)   # DecodeCalls(flow=..., hift=...)
-"""
+"""A decode step of many streams at mixed positions, and the model calls it costs: for the
+benchmarks, the tests and the device check (docs/vocoder.md, "Ragged batching")."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
 
-from codeclog.vocoder.engine import Code2WavEngine, DecodeCalls
+from codeclog.vocoder.engine.code2wav import Code2WavEngine, DecodeCalls
+from codeclog.vocoder.engine.window_checks import DecodeItem
 from codeclog.vocoder.shared import stream_seed
-from codeclog.vocoder.window_checks import DecodeItem
 
 SILENCE = 4218
 WINDOW_IDS = 28  # 25 new ids + 3 lookahead

@@ -1,13 +1,5 @@
-"""CPU slicing: how the engine cuts a decode_batch call and spreads it over its decode workers.
-
-Items share a model call in groups: exact batching groups by (window length, final, state
-signature) (`equal_shape_groups`), ragged batching by final flag alone (`final_groups`). A group
-is cut into contiguous slices (`split`) that the workers (`DecodeWorkers`) decode side by side,
-flow and HiFT of a slice in one thread (torch releases the GIL inside its kernels). With a
-batch-invariant decode any slicing gives the same bytes, which is how a CPU batch uses several
-cores without losing exactness; with fewer requests than workers the workers take the flow's
-estimator rows instead (`DecodeWorkers.row_threads`, vocoder.flow.parallel).
-"""
+"""CPU slicing: how the engine cuts a decode_batch call into groups and slices and spreads them
+over its decode workers (docs/vocoder.md, "Inside a decode_batch call")."""
 
 from __future__ import annotations
 
@@ -20,8 +12,8 @@ from typing import TypeVar
 import torch
 
 from codeclog.cores import one_per_core
+from codeclog.vocoder.engine.window_checks import Window
 from codeclog.vocoder.flow.parallel import RowThreads, row_parts
-from codeclog.vocoder.window_checks import Window
 
 T = TypeVar("T")
 R = TypeVar("R")

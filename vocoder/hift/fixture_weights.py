@@ -1,5 +1,5 @@
-"""Seeded random weights for the HiFT fixtures of both variants (real weights come from
-hift.pt), drawn from one generator so that the tiny fixture's audio exercises every stage."""
+"""Seeded random weights for the HiFT fixtures of both variants, drawn from one generator so that
+the tiny fixture's audio exercises every stage (docs/vocoder.md, "Weights")."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from codeclog.vocoder.hift_layers import Snake
+from codeclog.vocoder.hift.layers import Snake
 
 FIXTURE_GAIN = 1.5  # U(+-gain/sqrt(fan_in)): keeps the mel path alive through three stages
 FIXTURE_POST_GAIN = 0.7  # conv_post: log-magnitudes of order 1, so exp() neither vanishes nor clips

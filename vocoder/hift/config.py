@@ -1,6 +1,5 @@
 """`HiftConfig`: every size of the HiFT generator and of its scheme-A streaming rule, checked
-when built, and its JSON form (the fixture's and a checkpoint's configs). The causal HiFT's
-config extends it (vocoder.causal_hift.CausalHiftConfig)."""
+when built, and its JSON form (docs/vocoder.md, "HiFT, scheme A")."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ if TYPE_CHECKING:
 class HiftConfig:
     """Every size of the HiFT generator and of its streaming rule. Defaults are the published
     sizes (`hift.pt` of Step-Audio2 / MiniCPM-o 4.5 `assets/token2wav`). The causal HiFT's
-    config extends it (vocoder.causal_hift.CausalHiftConfig)."""
+    config extends it (vocoder.hift.causal.CausalHiftConfig)."""
 
     KIND: ClassVar[str] = "HiFT"  # names the config in its errors
 
