@@ -88,6 +88,9 @@ def _receiver(bootstrap: str, topic: str, out: Path) -> None:
             "stage_id": STAGE + 1,
             "role": "receiver",
             "group_id": f"{topic}-receiver",
+            # the restart is under test, not the wait bound: a loaded machine restarts the
+            # broker in over a minute (the default bound), and the request would end there
+            "request_wait_s": 240,
         }
     )
     received: dict[str, list[dict[str, object]]] = {}

@@ -2,7 +2,9 @@
 vllm-omni deployment (one engine process per stage replica), for the tests that kill one.
 
 `python stage_procs.py talker SPEC` runs the real talker adapter over the spec's streams, one
-codec id per request per step, `pace_s` apart, writing `talker.progress` (steps done).
+codec id per request per step, `pace_s` apart, writing `talker.progress` (steps done); where
+the spec names a `go` file, it writes `talker.ready` once its adapter is built and waits for
+that file before its first step.
 `python stage_procs.py code2wav SPEC NAME REPLICA` runs the Code2Wav stage's scheduler loop as
 the adapter sees it (pipeline.Code2Wav) on replica REPLICA for the spec's requests (or those in
 `requests-NAME.json` once that file exists: what vllm-omni would submit to this process), and
@@ -24,7 +26,7 @@ finish lagging in the engine's output when the process dies).
 
 SPEC is a JSON file: bootstrap, topic, out (a folder), streams ({request id: codec ids}),
 turns ({request id: segment lengths}: resumable requests, pipeline.talk), pace_s, extra (more
-connector config), withhold_ends ({replica name: count}).
+connector config), withhold_ends ({replica name: count}), go (a file).
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ def _deploy(spec: dict[str, Any]) -> dict[str, Any]:
 def talker(spec: dict[str, Any]) -> None:
     out = Path(spec["out"])
     adapter = edge.talker_adapter(_deploy(spec))
+    if spec.get("go"):  # started early: its imports never count against a request's wait
+        _replace(out / "talker.ready", "1")
+        while not Path(spec["go"]).exists():
+            time.sleep(0.01)
     progress = out / "talker.progress"
     edge.talk(
         adapter,

@@ -102,8 +102,15 @@ def _run(
 ) -> dict[str, Any]:
     """The pipeline with two Code2Wav replicas; replica 0 SIGKILLed mid-run."""
     group = f"code2wav-{uuid.uuid4().hex[:8]}"
-    withhold = {"a": WITHHELD}
-    spec = _spec(tmp_path, bootstrap, topic, streams, group, withhold_ends=withhold, turns=turns)
+    withhold, go = {"a": WITHHELD}, tmp_path / "go"
+    spec = _spec(
+        tmp_path, bootstrap, topic, streams, group, withhold_ends=withhold, turns=turns, go=str(go)
+    )
+    # the talker first: a loaded machine's imports (a minute at load 17) must not count against
+    # the replicas' wait for a request's chunks, which runs from their first ask
+    talker = subprocess.Popen(
+        [sys.executable, str(HERE / "stage_procs.py"), "talker", str(spec)], cwd=HERE
+    )
     replicas = [ReplicaClient(spec, "a", 0), ReplicaClient(spec, "b", 1)]
     connector = {
         "name": "CodeclogKafkaConnector",
@@ -112,7 +119,6 @@ def _run(
     server = omni.OmniServer(replicas, connector)
     served = Served(list(streams))
     sessions = Turns(server)
-    talker: subprocess.Popen[bytes] | None = None
     try:
         for rid in streams:
             server.submit(rid, resumable=rid in turns)
@@ -123,10 +129,9 @@ def _run(
         for rid in streams:
             server.finish_upstream(rid)
         for replica in replicas:
-            assert replica.ready.wait(120), f"replica {replica.name} did not start"
-        talker = subprocess.Popen(
-            [sys.executable, str(HERE / "stage_procs.py"), "talker", str(spec)], cwd=HERE
-        )
+            assert replica.ready.wait(300), f"replica {replica.name} did not start"
+        _until_file(tmp_path / "talker.ready", talker, 300)
+        go.write_text("1")
         dead = replicas[0]
         mid_run = functools.partial(_mid_run, served, dead, sessions)
         submit_turns = functools.partial(sessions.submit, replicas)
@@ -147,7 +152,7 @@ def _run(
         )
         assert talker.wait(60) == 0
     finally:
-        if talker is not None and talker.poll() is None:
+        if talker.poll() is None:
             talker.kill()
         server.close()
     return {
@@ -174,6 +179,15 @@ def _until_submitted(
         if time.monotonic() > deadline:
             raise AssertionError("the orchestrator did not submit every request")
         time.sleep(0.01)
+
+
+def _until_file(path: Path, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert process.poll() is None, f"the talker exited ({process.returncode})"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {path.name} in {timeout_s} s")
+        time.sleep(0.05)
 
 
 def _mid_run(served: Served, dead: ReplicaClient, sessions: Turns) -> bool:
