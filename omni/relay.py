@@ -61,8 +61,9 @@ class AudioRelayClient(StageClientBase):
     (`_prewarm_async_chunk_stages`) and polls it for engine outputs. It answers with what the
     Code2Wav engine core would emit: one `OmniEngineCoreOutput` per window, `multimodal_output`
     as `minicpmo_4_5_code2wav.py` builds it (`model_outputs` a 1-D float32 waveform, the
-    window's 16-bit PCM / 32768 exactly; `sr` an int32 24000; and the window's `meta.*`: duplex
-    epoch and turn, turn end, last chunk), the request's last window with finish reason STOP;
+    window's 16-bit PCM / 32768 exactly; `sr` an int32 24000; `meta.duplex_epoch` (the chunk's
+    cache epoch), `meta.tts_is_last_chunk` and `meta.segment_end` (`window_output`); no turn
+    id), the request's last window with finish reason STOP;
     a failure as finish reason ERROR with the reason as `stop_reason`."""
 
     def __init__(
