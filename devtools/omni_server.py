@@ -135,11 +135,9 @@ class OmniServer:
         `resumable`: a streaming session's first turn (its later turns: `update`)."""
         self._box["requests"].sync_q.put(self._message("add_request", request_id, resumable))
 
-    def update(self, request_id: str, *, last: bool = False) -> None:
-        """A streaming session's next turn, as `AsyncOmni` submits it (`streaming_update`);
-        `last`: the session's inputs ended (the update upstream sends after its last turn)."""
-        message = self._message("streaming_update", request_id, not last)
-        self._box["requests"].sync_q.put(message)
+    def update(self, request_id: str) -> None:
+        """A streaming session's next turn, as `AsyncOmni` submits it (`streaming_update`)."""
+        self._box["requests"].sync_q.put(self._message("streaming_update", request_id, True))
 
     def _message(self, kind: str, request_id: str, resumable: bool) -> Any:
         params = _import("vllm.sampling_params")

@@ -156,7 +156,8 @@ def talk(
     segment finish (its own step), so the processor opens a new cache epoch for each;
     `pace_s` between steps (a talker generating in real time, not all at once), `on_step`
     called with the number of steps done after each."""
-    scripts = {rid: _script(ids, (turns or {}).get(rid, [])) for rid, ids in streams.items()}
+    cuts = {rid: (turns or {}).get(rid, []) for rid in streams}
+    scripts = {rid: _script(ids, cuts[rid]) for rid, ids in streams.items()}
     requests = {rid: request(f"talker-{rid}", rid) for rid in streams}
     for step in range(max(len(script) for script in scripts.values())):
         if pace_s:
@@ -168,7 +169,7 @@ def talk(
             req = requests[rid]
             if req.segment != segment:  # the session's next turn: a new internal request
                 req = requests[rid] = request(f"talker-{rid}-{segment}", rid)
-            req.segment, req.resumable = segment, segment < len((turns or {}).get(rid, []))
+            req.segment, req.resumable = segment, segment < len(cuts[rid])
             if event == "end":
                 aborted = rid in abort
                 req.status = (

@@ -156,7 +156,7 @@ def replica(spec: dict[str, Any], name: str, replica_id: int, fd: int) -> None:
                 if verb == "quit":
                     stage.adapter.shutdown()
                     return
-                if verb == "add":  # a request added already: a session's next turn
+                if verb == "add":  # again for a session's next turn: Code2Wav.add keeps it
                     stage.add(rid)
             stage.step()
             for rid, seen in stage.chunks.items():
